@@ -1,0 +1,59 @@
+# The course's commands. `make help` lists them.
+#
+#   make lab        set up .venv (first time only) and start JupyterLab on the course
+#   make test       set up .venv, then run the whole suite (what CI runs)
+#   make notebooks  re-execute every notebook and re-pair it with its .py (maintainers)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PORT   ?= 8888
+HOST   ?= 127.0.0.1
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k attention -x"`.
+PYTEST_ARGS ?=
+
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup lab test test-lib test-notebooks notebooks clean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+# Set-up: a virtual environment with the pinned requirements and mha_lib
+# (editable, so changes to mha_lib/ are picked up without reinstalling).
+# It is redone only when requirements.txt or pyproject.toml change.
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
+	  echo "error: the course needs Python >= 3.10, but $(PYTHON) is $$($(PYTHON) --version 2>&1)."; \
+	  echo "       Run e.g. 'make $(MAKECMDGOALS) PYTHON=python3.11'."; exit 1; }
+	@test -x $(PY) || { echo "Creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+# JupyterLab refuses to run as root unless told; the token comes from
+# JUPYTER_TOKEN when set (otherwise Jupyter makes one and prints the URL).
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
+	  $(if $(JUPYTER_TOKEN),--IdentityProvider.token=$(JUPYTER_TOKEN)) \
+	  --ServerApp.root_dir=$(CURDIR) \
+	  --LabApp.default_url=/lab/tree/chapters/01_dot_product_attention.ipynb
+
+# Everything: mha_lib's tests and every notebook under nbval (see pyproject.toml).
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+test-lib: $(STAMP)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest chapters exercises solutions $(PYTEST_ARGS)
+
+notebooks: $(STAMP)
+	$(PY) tools/build_notebooks.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

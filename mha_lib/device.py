@@ -1,0 +1,73 @@
+"""Where the course runs, and how it stays reproducible."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+
+import torch
+
+__all__ = ["get_device", "seed_everything"]
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def get_device() -> torch.device:
+    """The device the notebooks and examples use.
+
+    The environment variable ``MHA_DEVICE`` decides when it is set to
+    ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (an empty value counts as unset).
+    Otherwise: CUDA if available, else Apple's MPS, else the CPU.
+
+    Raises:
+        ValueError: ``MHA_DEVICE`` holds something else.
+        RuntimeError: ``MHA_DEVICE`` names a device this machine doesn't have.
+    """
+    requested = os.environ.get("MHA_DEVICE", "").strip()
+    if not requested:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+
+    if not _DEVICE_PATTERN.match(requested):
+        raise ValueError(
+            f"MHA_DEVICE={requested!r} is not a device the course knows; "
+            "use cpu, cuda, cuda:N or mps, or unset MHA_DEVICE to pick automatically"
+        )
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"MHA_DEVICE={requested!r}, but CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"MHA_DEVICE={requested!r}, but this machine has only "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    if device.type == "mps" and not _mps_available():
+        raise RuntimeError(f"MHA_DEVICE={requested!r}, but MPS is not available on this machine")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and PyTorch's (CPU and every GPU) random generators.
+
+    Note that CPU and CUDA generators produce different numbers from the same
+    seed: create random tensors on the CPU and move them with ``.to(device)``
+    when the numbers must be the same on every device.
+    """
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with matplotlib
+        pass
+    else:
+        np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA and MPS too
