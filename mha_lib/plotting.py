@@ -78,15 +78,18 @@ def plot_attention(
     top = top if top > 0 else 1.0
 
     height = panel_size * max(Lq / max(Lk, 1), 0.4)
-    fig, axes = plt.subplots(1, H, figsize=(panel_size * H + 1.0, height + 0.8), squeeze=False)
+    fig, axes = plt.subplots(1, H, figsize=(panel_size * H + 1.0, height + 0.8), squeeze=False,
+                             layout="constrained")
     for h, ax in enumerate(axes[0]):
         image = ax.imshow(w[h], cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
         ax.set_title(head_titles[h])
         ax.set_xticks(range(Lk), key_labels if key_labels is not None else range(Lk), rotation=90)
-        ax.set_yticks(range(Lq), query_labels if query_labels is not None else range(Lq))
         ax.set_xlabel("key")
-        if h == 0:
+        if h == 0:  # the rows are the same queries in every panel: label them once
+            ax.set_yticks(range(Lq), query_labels if query_labels is not None else range(Lq))
             ax.set_ylabel("query")
+        else:
+            ax.set_yticks(range(Lq), [])
         if annotate:
             for i in range(Lq):
                 for j in range(Lk):

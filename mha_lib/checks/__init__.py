@@ -1,0 +1,51 @@
+"""Self-graded exercises: each check runs your code on fresh inputs and says what is wrong.
+
+    from mha_lib.checks import check_causal_mask
+    check_causal_mask(my_causal_mask)   # shows ✅ / ⏳ / ❌ with a hint
+
+Every check returns a :class:`CheckResult` whose ``bool()`` is True only when your code
+passed (so ``assert check_x(f)`` works), and never raises because of your code: a stub
+reads "not implemented yet", an exception is reported in a line with a hint, and a wrong
+answer is compared against the common mistakes so the hint can name yours. Checks run
+on the CPU, on copies of their inputs, and leave the global random state as it was.
+"""
+
+from ._core import CheckResult
+from .attention import (
+    check_attention_scores,
+    check_causal_mask,
+    check_causal_padding_mask,
+    check_masked_attention,
+    check_padding_mask,
+    check_scaled_dot_product_attention,
+)
+from .heads import (
+    check_attention_head,
+    check_combine_heads,
+    check_cross_attention,
+    check_multi_head_attention,
+    check_parameter_count,
+    check_self_attention,
+    check_split_heads,
+)
+from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+
+__all__ = [
+    "CheckResult",
+    "check_attention_head",
+    "check_attention_scores",
+    "check_attn_mask_for_torch",
+    "check_causal_mask",
+    "check_causal_padding_mask",
+    "check_combine_heads",
+    "check_copy_to_torch",
+    "check_cross_attention",
+    "check_key_padding_mask_for_torch",
+    "check_masked_attention",
+    "check_multi_head_attention",
+    "check_padding_mask",
+    "check_parameter_count",
+    "check_scaled_dot_product_attention",
+    "check_self_attention",
+    "check_split_heads",
+]

@@ -1,0 +1,149 @@
+"""Checks for chapter 05: moving between mha_lib and torch.nn.MultiheadAttention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..masks import causal_mask, padding_mask
+from ..multi_head import MultiHeadAttention
+from ._core import CheckResult, call, close, expect_tensor, fail, gen, randn, run_check
+from .heads import _set_weights, mha_reference
+
+CONVENTION_HINT = ("nn.MultiheadAttention's masks mean True = *blocked*, the opposite of mha_lib and "
+                   "F.scaled_dot_product_attention: invert with ~mask.")
+
+
+def _twin(D: int, H: int, seed: int) -> tuple[MultiHeadAttention, dict[str, tuple[Tensor, Tensor]]]:
+    mha = MultiHeadAttention(D, H).double().eval()
+    w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, gen(seed))
+    return mha, w
+
+
+def _same(a: Tensor | None, b: Tensor) -> bool:
+    return a is not None and a.shape == b.shape and close(a.detach(), b)
+
+
+def check_copy_to_torch(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
+    """Check ``fn(mha) -> nn.MultiheadAttention`` (``batch_first=True``) holding the same
+    weights as the ``mha_lib.MultiHeadAttention`` it is given, so both give the same output."""
+
+    def body() -> str:
+        for D, H, seed in [(8, 2, 11), (12, 3, 12)]:
+            mha, w = _twin(D, H, seed)
+            before = {n: p.detach().clone() for n, p in mha.named_parameters()}
+            theirs = call(fn, mha, what="your function")
+            if any(not torch.equal(p, before[n]) for n, p in mha.named_parameters()):
+                raise fail("your function changed the weights of the module it was given",
+                           "Copy from it into the new module; don't modify the original.")
+            if theirs is None:
+                raise fail("your function returned None", "End with: return torch_mha")
+            if not isinstance(theirs, nn.MultiheadAttention):
+                raise fail(f"your function returned a {type(theirs).__name__}, expected an nn.MultiheadAttention")
+            if (theirs.embed_dim, theirs.num_heads) != (D, H):
+                raise fail(f"it has embed_dim={theirs.embed_dim}, num_heads={theirs.num_heads}; expected {D} and {H}")
+            if not theirs.batch_first:
+                raise fail("it was created without batch_first=True",
+                           "mha_lib works with (B, L, D); nn.MultiheadAttention expects (L, B, D) unless batch_first=True.")
+            if theirs.in_proj_weight is None:
+                raise fail("it has separate q/k/v projection weights (kdim or vdim set)",
+                           "Create it as nn.MultiheadAttention(d_model, num_heads, batch_first=True).")
+            blocks = dict(zip("qkv", theirs.in_proj_weight.detach().double().chunk(3)))
+            ours = {"q": w["W_q"][0], "k": w["W_k"][0], "v": w["W_v"][0]}
+            if not all(_same(blocks[n], ours[n]) for n in "qkv"):
+                if all(_same(blocks[n], ours[n].T) for n in "qkv"):
+                    raise fail("the projection weights are transposed",
+                               "nn.Linear.weight is already (out_features, in_features), as in_proj_weight expects; "
+                               "copy it without .T.")
+                found = {m for n in "qkv" for m in "qkv" if _same(blocks[n], ours[m])}
+                if found == set("qkv"):
+                    raise fail("in_proj_weight holds the right matrices in the wrong order",
+                               "Stack them as torch.cat([W_q.weight, W_k.weight, W_v.weight]): queries, keys, values.")
+                raise fail("in_proj_weight doesn't hold W_q, W_k and W_v",
+                           "Copy torch.cat([W_q.weight, W_k.weight, W_v.weight]) into in_proj_weight under torch.no_grad().")
+            expected_bias = torch.cat([w["W_q"][1], w["W_k"][1], w["W_v"][1]])
+            if theirs.in_proj_bias is None or not _same(theirs.in_proj_bias.double(), expected_bias):
+                raise fail("in_proj_bias doesn't hold the biases of W_q, W_k and W_v",
+                           "Copy the biases too: torch.cat([W_q.bias, W_k.bias, W_v.bias]) into in_proj_bias.")
+            if not _same(theirs.out_proj.weight.double(), w["W_o"][0]) or theirs.out_proj.bias is None or \
+                    not _same(theirs.out_proj.bias.double(), w["W_o"][1]):
+                raise fail("out_proj doesn't hold W_o", "Copy W_o.weight and W_o.bias into out_proj.weight and out_proj.bias.")
+            g = gen(seed + 100)
+            x, src = randn(g, 2, 5, D), randn(g, 2, 7, D)
+            model = theirs.double().eval()
+            with torch.no_grad():
+                for q, kv in ((x, x), (x, src)):
+                    out = model(q, kv, kv, need_weights=False)[0]
+                    if not close(out, mha_reference(w, q, kv, kv, None, H)):
+                        raise fail("the weights look right but the outputs differ",
+                                   "Check dropout (use the same value) and that the module is in eval mode.")
+        return "the copied module gives the same outputs (self- and cross-attention, 2 configurations)"
+
+    return run_check("copy to nn.MultiheadAttention", body)
+
+
+def _torch_out(model: nn.MultiheadAttention, x: Tensor, **masks: Any) -> Tensor:
+    with torch.no_grad():
+        return model(x, x, x, need_weights=False, **masks)[0]
+
+
+def check_attn_mask_for_torch(fn: Callable[[Tensor], Any]) -> CheckResult:
+    """Check ``fn(allowed) -> attn_mask``: turn a bool ``(L, L)`` mask with True = may attend
+    into an ``attn_mask`` that ``nn.MultiheadAttention`` applies the same way."""
+
+    def body() -> str:
+        D, H, L = 8, 2, 5
+        mha, w = _twin(D, H, 21)
+        model = nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64).eval()
+        with torch.no_grad():
+            model.in_proj_weight.copy_(torch.cat([w[n][0] for n in ("W_q", "W_k", "W_v")]))
+            model.in_proj_bias.copy_(torch.cat([w[n][1] for n in ("W_q", "W_k", "W_v")]))
+            model.out_proj.weight.copy_(w["W_o"][0])
+            model.out_proj.bias.copy_(w["W_o"][1])
+        g = gen(22)
+        x = randn(g, 2, L, D)
+        random = torch.rand(L, L, generator=g) > 0.5
+        random |= torch.eye(L, dtype=torch.bool)
+        for label, allowed in [("a causal mask", causal_mask(L)), ("a random mask", random)]:
+            converted = call(fn, allowed.clone(), what=f"your function ({label})")
+            converted = expect_tensor(converted, f"the converted {label}", (L, L), dtype="any")
+            if converted.dtype == torch.bool and torch.equal(converted, allowed):
+                raise fail(f"{label} came back unchanged", CONVENTION_HINT)
+            if converted.is_floating_point() and set(converted.unique().tolist()) <= {0.0, 1.0}:
+                raise fail(f"{label} came back as 0s and 1s in floating point",
+                           "A float attn_mask is *added* to the scores: return a bool mask (True = blocked), "
+                           "or 0 and -inf.")
+            if converted.is_floating_point():
+                converted = converted.double()
+            if not close(_torch_out(model, x, attn_mask=converted), mha_reference(w, x, x, x, allowed, H)):
+                raise fail(f"nn.MultiheadAttention with your converted {label} gives different outputs", CONVENTION_HINT)
+        return "nn.MultiheadAttention applies your masks like mha_lib (causal and random)"
+
+    return run_check("attn_mask for nn.MultiheadAttention", body)
+
+
+def check_key_padding_mask_for_torch(fn: Callable[[Tensor], Any]) -> CheckResult:
+    """Check ``fn(keep) -> key_padding_mask``: turn ``padding_mask``'s bool ``(B, 1, 1, Lk)``
+    (True = real token) into ``nn.MultiheadAttention``'s ``(B, Lk)`` (True = padding)."""
+
+    def body() -> str:
+        cases = [[5, 2, 4], [3, 3], [1]]
+        for lengths in cases:
+            keep = padding_mask(lengths)
+            B, Lk = len(lengths), max(lengths)
+            got = call(fn, keep.clone(), what=f"your function (lengths={lengths})")
+            if isinstance(got, Tensor) and got.shape == keep.shape:
+                raise fail(f"the result has shape {tuple(got.shape)}, expected {(B, Lk)}",
+                           "key_padding_mask is (B, Lk): drop the two middle axes with keep[:, 0, 0].")
+            got = expect_tensor(got, f"the result for lengths={lengths}", (B, Lk), dtype="bool")
+            expected = ~keep[:, 0, 0]
+            if not torch.equal(got, expected):
+                if torch.equal(got, ~expected):
+                    raise fail(f"the mask for lengths={lengths} is not inverted", CONVENTION_HINT)
+                raise fail(f"wrong mask for lengths={lengths}", "key_padding_mask[b, j] is True where j >= lengths[b].")
+        return f"correct on {len(cases)} batches"
+
+    return run_check("key_padding_mask for nn.MultiheadAttention", body)

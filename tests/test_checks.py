@@ -1,0 +1,561 @@
+"""The exercise checks: they pass right answers, fail each common mistake with its hint,
+and never crash on broken code.
+
+Each wrong implementation below is a mistake learners make; the test asserts that the
+check fails *and* that its message or hint names that mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mha_lib
+from mha_lib import checks
+from mha_lib.checks import CheckResult
+
+
+def expect_fail(result: CheckResult, *words: str, status: str = "failed") -> None:
+    assert isinstance(result, CheckResult)
+    assert not result, f"the check passed a wrong answer: {result}"
+    assert result.status == status, result
+    text = str(result).lower()
+    for word in words:
+        assert word.lower() in text, f"{word!r} missing from:\n{result}"
+
+
+def expect_pass(result: CheckResult) -> None:
+    assert isinstance(result, CheckResult)
+    assert result, f"the check failed a right answer:\n{result}"
+    assert result.status == "passed" and str(result).startswith("✅")
+
+
+# ------------------------------------------------------------------ attention
+
+
+def sdpa(q, k, v, mask=None, *, scale=None, dim=-1, mask_after=False, invert=False, values=True):
+    """A learner-style implementation with switches for the classic mistakes."""
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if scale is None else scale(q, k, v))
+    if mask is not None and not mask_after:
+        scores = scores.masked_fill(mask if invert else ~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=dim)
+    if mask is not None and mask_after:
+        weights = weights.masked_fill(~mask, 0.0)
+    return (weights @ v if values else weights @ k), weights
+
+
+def sdpa_einsum(query, key, value, mask=None):
+    scores = torch.einsum("...qd,...kd->...qk", query, key) * query.shape[-1] ** -0.5
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.tensor(-1e9, dtype=scores.dtype))
+    weights = F.softmax(scores, dim=-1)
+    return torch.einsum("...qk,...kv->...qv", weights, value), weights
+
+
+def sdpa_safe(q, k, v, mask=None):
+    out, weights = sdpa(q, k, v, mask)
+    weights = torch.nan_to_num(weights, nan=0.0)
+    return weights @ v, weights
+
+
+def sdpa_safe_where(q, k, v, mask=None):
+    scores = q @ k.mT / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    empty = torch.isneginf(scores).all(-1, keepdim=True)
+    weights = torch.where(empty, 0.0, torch.softmax(scores.masked_fill(empty, 0.0), -1))
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("fn", [sdpa, sdpa_einsum, sdpa_safe_where], ids=["matmul", "einsum+where", "guarded"])
+def test_sdpa_check_passes_right_answers(fn):
+    expect_pass(checks.check_scaled_dot_product_attention(fn))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (dict(scale=lambda q, k, v: 1.0), ["not scaled", "math.sqrt(d_k)"]),
+        (dict(scale=lambda q, k, v: q.size(-1)), ["divided by d_k instead of √d_k"]),
+        (dict(scale=lambda q, k, v: math.sqrt(v.size(-1))), ["√d_v"]),
+        (dict(scale=lambda q, k, v: math.sqrt(k.size(-2))), ["√lk", "not by a sequence length"]),
+        (dict(scale=lambda q, k, v: 1 / math.sqrt(q.size(-1))), ["multiplied by √d_k"]),
+        (dict(dim=-2), ["softmax ran over the queries", "dim=-1"]),
+        (dict(invert=True), ["mask is inverted", "~mask"]),
+        (dict(mask_after=True), ["mask was applied after the softmax"]),
+        (dict(values=False), ["multiplied with the keys", "weights @ value"]),
+    ],
+)
+def test_sdpa_check_names_each_mistake(kwargs, words):
+    expect_fail(checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v, mask, **kwargs)), *words)
+
+
+def test_sdpa_check_catches_an_ignored_mask():
+    expect_fail(checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v)), "mask was ignored")
+
+
+def test_sdpa_check_catches_values_never_multiplied_in():
+    def returns_weights(q, k, v, mask=None):
+        _, w = sdpa(q, k, v, mask)
+        return w, w
+
+    expect_fail(checks.check_scaled_dot_product_attention(returns_weights), "values were never multiplied in")
+
+
+def test_sdpa_check_stubs_read_not_implemented():
+    def raises(q, k, v, mask=None):
+        raise NotImplementedError
+
+    def returns_none(q, k, v, mask=None):
+        pass
+
+    for fn in (raises, returns_none):
+        expect_fail(checks.check_scaled_dot_product_attention(fn), "not implemented yet", status="not implemented")
+
+
+def test_sdpa_check_reports_exceptions_with_a_hint():
+    def uses_dot_t(q, k, v, mask=None):
+        scores = q @ k.T  # wrong for batched tensors
+        return scores, scores
+
+    with pytest.warns(UserWarning):
+        result = checks.check_scaled_dot_product_attention(uses_dot_t)
+    expect_fail(result, "raised RuntimeError", ".transpose(-2, -1)", status="error")
+    assert "line" in result.message and "scores = q @ k.T" in result.message  # points at the learner's line
+
+
+def test_sdpa_check_names_wrong_types_and_shapes():
+    expect_fail(checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v, mask)[0]),
+                "returned one tensor", "return output, weights")
+    expect_fail(checks.check_scaled_dot_product_attention(
+        lambda q, k, v, mask=None: tuple(t.numpy() for t in sdpa(q, k, v, mask))), "numpy array")
+
+    class EqualsEverything:
+        shape = None
+
+        def __eq__(self, other):
+            return True
+
+    expect_fail(checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: (EqualsEverything(),) * 2),
+                "equalseverything, not a torch.tensor")
+    expect_fail(checks.check_scaled_dot_product_attention(
+        lambda q, k, v, mask=None: (sdpa(q, k, v, mask)[0][..., 0], sdpa(q, k, v, mask)[1])),
+        "the output has shape (2, 3, 4), expected (2, 3, 4, 5)")
+
+
+def test_sdpa_check_reports_inplace_changes():
+    def scales_in_place(q, k, v, mask=None):
+        q /= math.sqrt(q.size(-1))
+        scores = q @ k.transpose(-2, -1)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = scores.softmax(-1)
+        return w @ v, w
+
+    expect_fail(checks.check_scaled_dot_product_attention(scales_in_place), "changed its input `query` in place")
+
+
+def test_sdpa_check_refuses_the_course_answer():
+    expect_fail(checks.check_scaled_dot_product_attention(mha_lib.scaled_dot_product_attention),
+                "calls mha_lib.scaled_dot_product_attention")
+
+
+def test_check_restores_the_random_state():
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    checks.check_scaled_dot_product_attention(sdpa)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_results_display_in_text_and_html():
+    ok = checks.check_scaled_dot_product_attention(sdpa)
+    bad = checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v, mask, dim=-2))
+    assert repr(ok).startswith("✅ scaled_dot_product_attention: correct")
+    assert "\n   Hint: " in repr(bad) and "Hint:" in bad._repr_html_() and "#cf222e" in bad._repr_html_()
+    assert bool(ok) is True and bool(bad) is False
+
+
+def test_masked_attention_check():
+    expect_pass(checks.check_masked_attention(sdpa_safe))
+    expect_pass(checks.check_masked_attention(sdpa_safe_where))
+    expect_fail(checks.check_masked_attention(sdpa), "nan", "every key blocked")
+    expect_fail(checks.check_masked_attention(sdpa_einsum), "-1e9", "uniformly")
+
+
+def test_attention_scores_check():
+    expect_pass(checks.check_attention_scores(lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))))
+    expect_pass(checks.check_attention_scores(lambda q, k: torch.einsum("...id,...jd->...ij", q / q.size(-1) ** 0.5, k)))
+    expect_fail(checks.check_attention_scores(lambda q, k: q @ k.transpose(-2, -1)), "not scaled")
+    expect_fail(checks.check_attention_scores(lambda q, k: q @ k.transpose(-2, -1) / q.size(-1)), "divided by d_k")
+    expect_fail(checks.check_attention_scores(lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.size(-1))),
+                "rows are queries")
+
+
+# ------------------------------------------------------------------ masks
+
+
+@pytest.mark.parametrize("fn", [
+    lambda L: torch.ones(L, L, dtype=torch.bool).tril(),
+    lambda L: torch.arange(L)[:, None] >= torch.arange(L)[None, :],
+], ids=["tril", "arange"])
+def test_causal_mask_check_passes(fn):
+    expect_pass(checks.check_causal_mask(fn))
+
+
+@pytest.mark.parametrize(
+    ("fn", "words"),
+    [
+        (lambda L: torch.ones(L, L, dtype=torch.bool).triu(1), ["inverted"]),
+        (lambda L: torch.ones(L, L, dtype=torch.bool).tril(-1), ["hides each token from itself"]),
+        (lambda L: torch.ones(L, L, dtype=torch.bool).triu(), ["see the future"]),
+        (lambda L: torch.ones(L, L).tril(), ["dtype torch.float32", ".bool()"]),
+        (lambda L: torch.ones(L, L, dtype=torch.bool), ["nothing is blocked"]),
+        (lambda L: torch.ones(L, L, dtype=torch.bool).tril()[None], ["shape (1, 4, 4), expected (4, 4)"]),
+        (lambda L: np.tril(np.ones((L, L), dtype=bool)), ["numpy array"]),
+    ],
+)
+def test_causal_mask_check_names_each_mistake(fn, words):
+    expect_fail(checks.check_causal_mask(fn), *words)
+
+
+def test_padding_mask_check():
+    def right(lengths, max_len):
+        return (torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+
+    def right_loop(lengths, max_len):
+        mask = torch.zeros(len(lengths), 1, 1, max_len, dtype=torch.bool)
+        for b, n in enumerate(lengths):
+            mask[b, ..., :n] = True
+        return mask
+
+    expect_pass(checks.check_padding_mask(right))
+    expect_pass(checks.check_padding_mask(right_loop))
+    expect_fail(checks.check_padding_mask(lambda l, m: ~right(l, m)), "inverted")
+    expect_fail(checks.check_padding_mask(lambda l, m: right(l, m)[:, 0, 0]), "add axes")
+    expect_fail(checks.check_padding_mask(
+        lambda l, m: (torch.arange(m)[None, :] <= torch.tensor(l)[:, None])[:, None, None, :]), "off by one")
+
+
+def test_causal_padding_mask_check():
+    def right(lengths, L):
+        return mha_lib.causal_mask(L) & mha_lib.padding_mask(lengths, L)[:, :, 0:1].expand(-1, 1, L, L)
+
+    def right_broadcast(lengths, L):
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        keep = torch.arange(L) < torch.tensor(lengths)[:, None]  # (B, L)
+        return causal[None, None] & keep[:, None, None, :]
+
+    expect_pass(checks.check_causal_padding_mask(right))
+    expect_pass(checks.check_causal_padding_mask(right_broadcast))
+    expect_fail(checks.check_causal_padding_mask(
+        lambda l, L: mha_lib.causal_mask(L).expand(len(l), 1, L, L)), "only the causal part")
+    expect_fail(checks.check_causal_padding_mask(
+        lambda l, L: mha_lib.causal_mask(L) | mha_lib.padding_mask(l, L)), "| (or)")
+    expect_fail(checks.check_causal_padding_mask(lambda l, L: right_broadcast(l, L)[:, 0]), "axis of size 1 for the heads")
+
+
+# ------------------------------------------------------------------ heads
+
+
+def split_view(x, num_heads):
+    B, L, D = x.shape
+    return x.view(B, L, num_heads, D // num_heads).transpose(1, 2)
+
+
+def split_unflatten(x, num_heads):
+    return x.unflatten(-1, (num_heads, -1)).permute(0, 2, 1, 3)
+
+
+def combine_reshape(x):
+    B, H, L, d = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * d)
+
+
+def combine_cat(x):
+    return torch.cat(x.unbind(1), dim=-1)
+
+
+@pytest.mark.parametrize("fn", [split_view, split_unflatten])
+def test_split_check_passes(fn):
+    expect_pass(checks.check_split_heads(fn))
+
+
+@pytest.mark.parametrize("fn", [combine_reshape, combine_cat])
+def test_combine_check_passes(fn):
+    expect_pass(checks.check_combine_heads(fn))
+
+
+def test_split_check_names_each_mistake():
+    expect_fail(checks.check_split_heads(
+        lambda x, h: x.reshape(x.size(0), h, x.size(1), -1)), "without the transpose", ".transpose(1, 2)")
+    expect_fail(checks.check_split_heads(
+        lambda x, h: x.view(x.size(0), x.size(1), h, -1)), "stopped after the view")
+    expect_fail(checks.check_split_heads(
+        lambda x, h: x.view(x.size(0), x.size(1), -1, h).permute(0, 3, 1, 2)), "every h-th feature")
+
+
+def test_combine_check_names_each_mistake():
+    expect_fail(checks.check_combine_heads(
+        lambda x: x.reshape(x.size(0), x.size(2), -1)), "reshape without the transpose")
+    expect_fail(checks.check_combine_heads(
+        lambda x: x.transpose(1, 2).view(x.size(0), x.size(2), -1)), "view() needs a contiguous tensor", status="error")
+
+
+class MHA(nn.Module):
+    """A learner-style module, with switches for the classic mistakes."""
+
+    def __init__(self, d_model, num_heads, *, scale="d_k", transpose=True, out_proj=True, book_bug=False):
+        super().__init__()
+        self.h, self.d_k = num_heads, d_model // num_heads
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.scale, self.transpose, self.out_proj, self.book_bug = scale, transpose, out_proj, book_bug
+
+    def forward(self, query, key, value, mask=None):
+        B = query.size(0)
+
+        def split(x, size):
+            if not self.transpose:
+                return x.reshape(B, self.h, -1, size)
+            return x.view(B, -1, self.h, size).transpose(1, 2)
+
+        q, k = split(self.W_q(query), self.d_k), split(self.W_k(key), self.d_k)
+        v = split(self.W_v(value), self.d_v if self.book_bug else self.d_k)
+        d = {"d_k": self.d_k, "d_model": self.h * self.d_k}[self.scale]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        heads = scores.softmax(-1) @ v
+        concat = heads.transpose(1, 2).contiguous().view(B, -1, self.h * self.d_k) if self.transpose \
+            else heads.reshape(B, -1, self.h * self.d_k)
+        return self.W_o(concat) if self.out_proj else concat
+
+
+class MHAWithLibrary(nn.Module):
+    """Right, written differently: mha_lib's building blocks, returning (output, weights)."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (mha_lib.split_heads(f(x), self.h) for f, x in ((self.W_q, query), (self.W_k, key), (self.W_v, value)))
+        heads, weights = mha_lib.scaled_dot_product_attention(q, k, v, mask)
+        return self.W_o(mha_lib.combine_heads(heads)), weights
+
+
+def test_mha_check_passes_right_answers():
+    expect_pass(checks.check_multi_head_attention(MHA))
+    expect_pass(checks.check_multi_head_attention(MHAWithLibrary))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words", "status"),
+    [
+        (dict(out_proj=False), ["output projection w_o is missing"], "failed"),
+        (dict(scale="d_model"), ["√d_model instead of √d_k"], "failed"),
+        (dict(transpose=False), ["split without the transpose"], "failed"),
+        (dict(book_bug=True), ["attributeerror", "self.d_v, which it never defines"], "error"),
+    ],
+)
+def test_mha_check_names_each_mistake(kwargs, words, status):
+    cls = lambda d, h: MHA(d, h, **kwargs)  # noqa: E731
+    expect_fail(checks.check_multi_head_attention(cls), *words, status=status)
+
+
+def test_mha_check_catches_combine_without_transpose_and_missing_attributes():
+    class CombineNoTranspose(MHA):
+        def forward(self, query, key, value, mask=None):
+            B = query.size(0)
+            q, k, v = (split_view(f(x), self.h) for f, x in ((self.W_q, query), (self.W_k, key), (self.W_v, value)))
+            heads, _ = sdpa(q, k, v, mask)
+            return self.W_o(heads.reshape(B, -1, self.h * self.d_k))
+
+    class NoViewContiguous(MHA):
+        def forward(self, query, key, value, mask=None):
+            B = query.size(0)
+            q, k, v = (split_view(f(x), self.h) for f, x in ((self.W_q, query), (self.W_k, key), (self.W_v, value)))
+            heads, _ = sdpa(q, k, v, mask)
+            return self.W_o(heads.transpose(1, 2).view(B, -1, self.h * self.d_k))
+
+    class Renamed(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.q_proj = nn.Linear(d, d)
+
+    expect_fail(checks.check_multi_head_attention(CombineNoTranspose), "combined without the transpose")
+    expect_fail(checks.check_multi_head_attention(NoViewContiguous), ".contiguous()", status="error")
+    expect_fail(checks.check_multi_head_attention(Renamed), "no attribute w_q")
+    expect_fail(checks.check_multi_head_attention(mha_lib.MultiHeadAttention), "the course's own answer")
+
+
+def test_mha_check_survives_a_broken_constructor():
+    class Broken(nn.Module):
+        def __init__(self, d_model, num_heads):
+            raise ValueError("oops")
+
+    expect_fail(checks.check_multi_head_attention(Broken), "raised valueerror: oops", status="error")
+
+
+def test_attention_head_check():
+    class Head(nn.Module):
+        def __init__(self, d_model, d_k, d_v, scale_by_model=False):
+            super().__init__()
+            self.W_q, self.W_k, self.W_v = nn.Linear(d_model, d_k), nn.Linear(d_model, d_k), nn.Linear(d_model, d_v)
+            self.scale = math.sqrt(d_model if scale_by_model else d_k)
+
+        def forward(self, query, key, value, mask=None):
+            scores = self.W_q(query) @ self.W_k(key).transpose(-2, -1) / self.scale
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            w = scores.softmax(-1)
+            return w @ self.W_v(value), w
+
+    expect_pass(checks.check_attention_head(Head))
+    expect_fail(checks.check_attention_head(lambda a, b, c: Head(a, b, c, scale_by_model=True)), "√d_model")
+
+
+def test_self_attention_check():
+    def right(x, W_q, W_k, W_v):
+        q, k, v = x @ W_q, x @ W_k, x @ W_v
+        w = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(W_k.shape[1]), dim=-1)
+        return w @ v, w
+
+    def right_einsum(x, W_q, W_k, W_v):
+        scores = torch.einsum("bid,de,bje,->bij", x, W_q, x @ W_k) if False else torch.einsum(
+            "bie,bje->bij", x @ W_q, x @ W_k) / W_q.shape[-1] ** 0.5
+        w = scores.softmax(-1)
+        return torch.einsum("bij,bjv->biv", w, x @ W_v), w
+
+    def by_d_model(x, W_q, W_k, W_v):
+        q, k, v = x @ W_q, x @ W_k, x @ W_v
+        w = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(x.shape[-1]), dim=-1)
+        return w @ v, w
+
+    expect_pass(checks.check_self_attention(right))
+    expect_pass(checks.check_self_attention(right_einsum))
+    expect_fail(checks.check_self_attention(by_d_model), "√d_model instead of √d_k")
+
+
+def test_parameter_count_check():
+    expect_pass(checks.check_parameter_count(lambda d, h, bias=True: 4 * d * d + (4 * d if bias else 0)))
+    expect_pass(checks.check_parameter_count(
+        lambda d, h, bias=True: sum(p.numel() for p in mha_lib.MultiHeadAttention(d, h, bias=bias).parameters())))
+    expect_fail(checks.check_parameter_count(lambda d, h, bias=True: 4 * d * d), "biases were left out")
+    expect_fail(checks.check_parameter_count(lambda d, h, bias=True: h * (4 * d * d + 4 * d * bias)), "once per head")
+    expect_fail(checks.check_parameter_count(lambda d, h, bias=True: 3 * d * d + 3 * d * bias), "w_o is missing")
+    expect_fail(checks.check_parameter_count(lambda d, h, bias=True: None), "returned none")
+
+
+def test_cross_attention_check():
+    def right(mha, target, source, lengths):
+        return mha(target, source, source, mask=mha_lib.padding_mask(lengths, max_len=source.size(1)))
+
+    def right_bool_loop(mha, target, source, lengths):
+        keep = torch.zeros(len(lengths), 1, 1, source.size(1), dtype=torch.bool)
+        for b, n in enumerate(lengths):
+            keep[b, ..., :n] = True
+        return mha(target, source, source, mask=keep, return_weights=True)
+
+    expect_pass(checks.check_cross_attention(right))
+    expect_pass(checks.check_cross_attention(right_bool_loop))
+    expect_fail(checks.check_cross_attention(lambda m, t, s, l: m(t, s, s)), "padding was not masked")
+    expect_fail(checks.check_cross_attention(lambda m, t, s, l: m(s, t, t)), "source's shape")
+
+
+# ------------------------------------------------------------------ chapter 05
+
+
+def copy_weights(mha):
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+        theirs.out_proj.weight.copy_(mha.W_o.weight)
+        theirs.out_proj.bias.copy_(mha.W_o.bias)
+    return theirs
+
+
+def copy_weights_load_state_dict(mha):
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True, dtype=torch.float64)
+    state = {
+        "in_proj_weight": torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]),
+        "in_proj_bias": torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]),
+        "out_proj.weight": mha.W_o.weight, "out_proj.bias": mha.W_o.bias,
+    }
+    theirs.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return theirs
+
+
+def test_copy_to_torch_check():
+    expect_pass(checks.check_copy_to_torch(copy_weights))
+    expect_pass(checks.check_copy_to_torch(copy_weights_load_state_dict))
+
+    def wrong_order(mha):
+        theirs = copy_weights(mha)
+        with torch.no_grad():
+            theirs.in_proj_weight.copy_(torch.cat([mha.W_k.weight, mha.W_q.weight, mha.W_v.weight]))
+        return theirs
+
+    def transposed(mha):
+        theirs = copy_weights(mha)
+        with torch.no_grad():
+            theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight.T, mha.W_k.weight.T, mha.W_v.weight.T]))
+        return theirs
+
+    def no_bias(mha):
+        theirs = copy_weights(mha)
+        with torch.no_grad():
+            theirs.in_proj_bias.zero_()
+        return theirs
+
+    def not_batch_first(mha):
+        return copy_weights(mha).__class__(mha.d_model, mha.num_heads)
+
+    expect_fail(checks.check_copy_to_torch(wrong_order), "wrong order")
+    expect_fail(checks.check_copy_to_torch(transposed), "transposed")
+    expect_fail(checks.check_copy_to_torch(no_bias), "biases")
+    expect_fail(checks.check_copy_to_torch(not_batch_first), "batch_first=true")
+
+
+def test_mask_conversion_checks():
+    expect_pass(checks.check_attn_mask_for_torch(lambda m: ~m))
+    expect_pass(checks.check_attn_mask_for_torch(
+        lambda m: torch.zeros(m.shape).masked_fill(~m, float("-inf"))))  # a float mask works too
+    expect_fail(checks.check_attn_mask_for_torch(lambda m: m), "unchanged", "true = *blocked*")
+    expect_fail(checks.check_attn_mask_for_torch(lambda m: m.float()), "0s and 1s")
+
+    expect_pass(checks.check_key_padding_mask_for_torch(lambda keep: ~keep[:, 0, 0]))
+    expect_pass(checks.check_key_padding_mask_for_torch(lambda keep: keep.squeeze(1).squeeze(1).logical_not()))
+    expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: keep[:, 0, 0]), "not inverted")
+    expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: ~keep), "drop the two middle axes")
+
+
+# ------------------------------------------------------------------ every check on the basics
+
+
+ALL_CHECKS = [getattr(checks, name) for name in checks.__all__ if name.startswith("check_")]
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
+def test_every_check_reads_a_stub_as_not_implemented(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert not result and result.status == "not implemented", result
+    assert "not implemented yet" in str(result)
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
+def test_every_check_survives_garbage(check):
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert result.status in ("failed", "error") and "bug in mha_lib.checks" not in str(result), result
