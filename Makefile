@@ -1,8 +1,10 @@
 # The course's commands. `make help` lists them.
 #
-#   make lab        set up .venv (first time only) and start JupyterLab on the course
-#   make test       set up .venv, then run the whole suite (what CI runs)
-#   make notebooks  re-execute every notebook and re-pair it with its .py (maintainers)
+#   make lab             set up .venv (first time only) and start JupyterLab on the course
+#   make exercise N=01   copy exercise 01 into workspace/ (never overwrites your copy)
+#   make test            set up .venv, then run the whole suite (what CI runs)
+#   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
+#   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it (maintainers)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,7 +16,7 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup lab test test-lib test-notebooks notebooks clean
+.PHONY: help setup lab exercise test test-lib test-notebooks test-gpu notebooks clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -35,12 +37,17 @@ $(STAMP): requirements.txt pyproject.toml
 
 # JupyterLab refuses to run as root unless told; the token comes from
 # JUPYTER_TOKEN when set (otherwise Jupyter makes one and prints the URL).
+# .venv/bin goes first on PATH, so `python` in JupyterLab's terminal is the course's.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
 	  $(if $(JUPYTER_TOKEN),--IdentityProvider.token=$(JUPYTER_TOKEN)) \
 	  --ServerApp.root_dir=$(CURDIR) \
 	  --LabApp.default_url=/lab/tree/chapters/01_dot_product_attention.ipynb
+
+exercise: $(STAMP)
+	@test -n "$(N)" || { echo "usage: make exercise N=01"; exit 2; }
+	$(PY) -m mha_lib start $(N)
 
 # Everything: mha_lib's tests and every notebook under nbval (see pyproject.toml).
 test: $(STAMP)
@@ -52,7 +59,20 @@ test-lib: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest chapters exercises solutions $(PYTEST_ARGS)
 
+# On a machine with an NVIDIA GPU (the GPU CI job): mha_lib's tests, whose CUDA cases run
+# there, and every notebook with MHA_DEVICE=cuda. The stored outputs come from the CPU and
+# a GPU may print a float differently in the last digit, so nbval runs lax: every cell
+# runs and the notebooks' own asserts check the results; only cells marked
+# `# NBVAL_CHECK_OUTPUT` are compared. The first line fails at once when MHA_DEVICE
+# names a device this machine lacks. `make test-gpu MHA_DEVICE=cpu` tries it on a CPU.
+test-gpu: MHA_DEVICE ?= cuda
+test-gpu: $(STAMP)
+	MHA_DEVICE=$(MHA_DEVICE) $(PY) -c 'import mha_lib; print("test-gpu runs on", mha_lib.get_device())'
+	MHA_DEVICE=$(MHA_DEVICE) $(PY) -m pytest -n 2 --dist loadfile -m "not browser" tests $(PYTEST_ARGS)
+	MHA_DEVICE=$(MHA_DEVICE) $(PY) -m pytest -n 2 --dist loadfile --nbval-lax chapters exercises solutions $(PYTEST_ARGS)
+
 notebooks: $(STAMP)
+	$(PY) tools/make_exercises.py
 	$(PY) tools/build_notebooks.py
 
 clean:

@@ -4,7 +4,9 @@ Each chapter derives a piece and the next chapters import it from here:
 
 - :func:`scaled_dot_product_attention` (chapter 01)
 - :func:`causal_mask`, :func:`padding_mask` (chapters 01, 04)
+- :class:`AttentionHead` (chapter 02)
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
+- :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 """
 
@@ -14,10 +16,12 @@ from .heads import combine_heads, split_heads
 from .masks import causal_mask, padding_mask
 from .multi_head import MultiHeadAttention
 from .plotting import plot_attention
+from .single_head import AttentionHead
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionHead",
     "MultiHeadAttention",
     "causal_mask",
     "combine_heads",

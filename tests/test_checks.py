@@ -559,3 +559,54 @@ def test_every_check_survives_garbage(check):
         result = check(garbage)
         assert isinstance(result, CheckResult) and not result, result
         assert result.status in ("failed", "error") and "bug in mha_lib.checks" not in str(result), result
+
+
+# ------------------------------------------------------------------ chapter 08
+
+
+def halves_right(L):
+    mask = torch.zeros(2, L, L, dtype=torch.bool)
+    mask[0, :, : L // 2] = True
+    mask[1, :, L // 2 :] = True
+    return mask
+
+
+def halves_arange(L):
+    first = torch.arange(L) < L // 2
+    return torch.stack([first, ~first]).unsqueeze(1).repeat(1, L, 1)
+
+
+def halves_split_at(split):
+    def fn(L):
+        s = split(L)
+        mask = torch.zeros(2, L, L, dtype=torch.bool)
+        mask[0, :, :s] = True
+        mask[1, :, s:] = True
+        return mask
+
+    return fn
+
+
+def test_halves_mask_check():
+    expect_pass(checks.check_halves_mask(halves_right))
+    expect_pass(checks.check_halves_mask(halves_arange))
+    expect_fail(checks.check_halves_mask(lambda L: halves_right(L)[[1, 0]]), "heads are swapped")
+    expect_fail(checks.check_halves_mask(lambda L: halves_right(L).transpose(1, 2)), "queries are restricted instead of the keys")
+    expect_fail(checks.check_halves_mask(halves_split_at(lambda L: L // 2 + 1)), "off by one")
+    expect_fail(checks.check_halves_mask(halves_split_at(lambda L: L // 2 - 1)), "off by one")
+    expect_fail(checks.check_halves_mask(halves_split_at(lambda L: (L + 1) // 2)), "odd lengths", "seq_len=5")
+    expect_fail(checks.check_halves_mask(lambda L: halves_right(L)[0]), "expected (2, 4, 4)")
+    expect_fail(checks.check_halves_mask(lambda L: halves_right(L).float()), "torch.bool")
+
+
+def test_restricted_attention_check():
+    expect_pass(checks.check_restricted_attention(lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)))))
+    expect_pass(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_arange(x.size(1))[None], return_weights=True)))
+    expect_fail(checks.check_restricted_attention(lambda mha, x: mha(x, x, x)), "unrestricted")
+    expect_fail(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1))[[1, 0]])), "heads are swapped")
+    expect_fail(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)).transpose(1, 2))), "queries were restricted")
+    expect_fail(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1))[:, None])), "per sequence instead of per head")

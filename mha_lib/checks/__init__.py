@@ -29,6 +29,7 @@ from .heads import (
     check_split_heads,
 )
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [
     "CheckResult",
@@ -40,11 +41,13 @@ __all__ = [
     "check_combine_heads",
     "check_copy_to_torch",
     "check_cross_attention",
+    "check_halves_mask",
     "check_key_padding_mask_for_torch",
     "check_masked_attention",
     "check_multi_head_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_restricted_attention",
     "check_scaled_dot_product_attention",
     "check_self_attention",
     "check_split_heads",

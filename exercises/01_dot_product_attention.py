@@ -1,0 +1,153 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 01 · Attention from one dot product
+#
+#
+# Four exercises, from a warm-up to the whole of scaled dot-product attention. For each one:
+# read the task, fill in the function where it says `raise NotImplementedError`, run its cell,
+# then run the **check** cell below it. The check runs your code on fresh random inputs and
+# compares it with the right answer; when something is wrong it tells you what, and usually
+# which mistake it looks like. Hints are folded away: click to open them.
+#
+# Work in your own copy (`python -m mha_lib start 01`, see the README), so that updates to the
+# course never overwrite your work.
+
+# %%
+import math
+
+import torch
+
+from mha_lib.checks import (
+    check_attention_scores,
+    check_causal_mask,
+    check_padding_mask,
+    check_scaled_dot_product_attention,
+)
+
+# %% [markdown]
+# ## Exercise 1.1 · Scores (warm-up)
+#
+# Write `attention_scores(query, key)` that returns the scaled dot-product scores
+# $QK^\top / \sqrt{d_k}$.
+#
+# - `query`: `(..., Lq, d_k)`, `key`: `(..., Lk, d_k)`; the `...` are any leading axes (batch, heads).
+# - Return `(..., Lq, Lk)`: entry `[i, j]` is how well query `i` matches key `j`.
+#
+# <details><summary>Hint 1</summary>
+#
+# `@` multiplies the last two axes and broadcasts the others. Which two axes of `key` must you swap?
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `key.transpose(-2, -1)` swaps the last two axes whatever the number of leading ones;
+# `d_k` is `query.size(-1)`.
+# </details>
+
+# %%
+def attention_scores(query, key):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_attention_scores(attention_scores)
+
+# %% [markdown]
+#
+# ## Exercise 1.2 · A causal mask
+#
+# Write `causal_mask(seq_len)` returning a boolean tensor of shape `(seq_len, seq_len)` in which
+# `mask[i, j]` is `True` when query `i` **may attend** to key `j`, that is when `j <= i`: every
+# token sees itself and the tokens before it, never the ones after.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.tril` keeps the lower triangle of a matrix, diagonal included. Start from
+# `torch.ones(seq_len, seq_len, dtype=torch.bool)`.
+# </details>
+
+# %%
+def causal_mask(seq_len):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_causal_mask(causal_mask)
+
+# %% [markdown]
+# ## Exercise 1.3 · A padding mask
+#
+# A batch holds sequences of different `lengths`, padded to `max_len`. Write
+# `padding_mask(lengths, max_len)` returning a boolean tensor of shape `(B, 1, 1, max_len)`:
+# `mask[b, 0, 0, j]` is `True` for the real tokens (`j < lengths[b]`) and `False` for the padding.
+# The two axes of size 1 let the mask broadcast over heads and queries of scores `(B, H, Lq, Lk)`.
+#
+# <details><summary>Hint 1</summary>
+#
+# Compare the positions `torch.arange(max_len)` with the lengths; broadcasting a `(1, max_len)`
+# tensor against a `(B, 1)` tensor gives `(B, max_len)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `x[:, None, None, :]` inserts the two axes of size 1.
+# </details>
+
+# %%
+def padding_mask(lengths, max_len):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_padding_mask(padding_mask)
+
+# %% [markdown]
+# ## Exercise 1.4 · Scaled dot-product attention
+#
+# Now the whole thing. Write `scaled_dot_product_attention(query, key, value, mask=None)`
+# returning `(output, weights)`:
+#
+# - `query` `(..., Lq, d_k)`, `key` `(..., Lk, d_k)`, `value` `(..., Lk, d_v)`;
+# - `weights = softmax(QKᵀ/√d_k)` over the keys, `(..., Lq, Lk)`;
+# - `output = weights @ value`, `(..., Lq, d_v)`;
+# - `mask` (optional) is boolean, broadcastable to `(..., Lq, Lk)`, **True = may attend**: blocked
+#   scores become `-inf` before the softmax. The check never blocks every key of a query
+#   (chapter 04 deals with that case).
+#
+# Don't modify the inputs in place.
+#
+# <details><summary>Hint 1</summary>
+#
+# Reuse your `attention_scores`. `scores.masked_fill(~mask, float("-inf"))` blocks where the
+# mask is False.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `torch.softmax(scores, dim=-1)`: each query's weights are spread over the keys, the last axis.
+# </details>
+
+# %%
+def scaled_dot_product_attention(query, key, value, mask=None):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_scaled_dot_product_attention(scaled_dot_product_attention)
+
+# %% [markdown]
+#
+# ## Done?
+#
+# Compare with `solutions/01_dot_product_attention.ipynb`, then go on to chapter 02.

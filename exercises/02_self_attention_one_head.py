@@ -1,0 +1,100 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 02 · Self-attention with one head
+#
+#
+# Two exercises: self-attention with given projection matrices, then the same thing as a
+# module with trainable projections. Fill in the code where it says `raise NotImplementedError`,
+# run the cell, then run the **check** below it. Hints are folded away: click to open them.
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+from mha_lib.checks import check_attention_head, check_self_attention
+
+# %% [markdown]
+# ## Exercise 2.1 · Self-attention with given projections
+#
+# Write `self_attention(x, W_q, W_k, W_v)` returning `(output, weights)`:
+#
+# - `x`: token embeddings `(B, L, d_model)`;
+# - `W_q`, `W_k`: `(d_model, d_k)` and `W_v`: `(d_model, d_v)`, used as `x @ W_q` and so on;
+# - each token's query is compared with every token's key (the sequence attends to itself);
+# - `weights`: `(B, L, L)`; `output`: `(B, L, d_v)`.
+#
+# <details><summary>Hint 1</summary>
+#
+# Three matrix products give queries, keys and values; then it is chapter 01's attention.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Scale by the size of the projected queries and keys, `d_k = W_q.shape[1]`, not by `d_model`.
+# </details>
+
+# %%
+def self_attention(x, W_q, W_k, W_v):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_self_attention(self_attention)
+
+# %% [markdown]
+#
+# ## Exercise 2.2 · One attention head as a module
+#
+# Write the class `AttentionHead(d_model, d_k, d_v)`:
+#
+# - in `__init__`, three trainable projections: `self.W_q = nn.Linear(d_model, d_k)`,
+#   `self.W_k = nn.Linear(d_model, d_k)`, `self.W_v = nn.Linear(d_model, d_v)`;
+# - `forward(query, key, value, mask=None)`: project `query` with `W_q`, `key` with `W_k` and
+#   `value` with `W_v`, then scaled dot-product attention; return the output `(B, Lq, d_v)`
+#   (returning `(output, weights)` is fine too).
+# - For self-attention you will call `head(x, x, x)`; taking three inputs also lets the same head
+#   do cross-attention later (chapter 04).
+# - `mask` (optional) is boolean, broadcastable to `(B, Lq, Lk)`, True = may attend.
+#
+# <details><summary>Hint 1</summary>
+#
+# Don't forget `super().__init__()` as the first line of `__init__`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `scores.masked_fill(~mask, float("-inf"))` blocks where the mask is False.
+# </details>
+
+# %%
+class AttentionHead(nn.Module):
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__()
+        raise NotImplementedError  # your code here
+
+    def forward(self, query, key, value, mask=None):
+        raise NotImplementedError  # your code here
+
+
+# %%
+check_attention_head(AttentionHead)
+
+# %% [markdown]
+#
+# ## Done?
+#
+# Compare with `solutions/02_self_attention_one_head.ipynb`, then go on to chapter 03.

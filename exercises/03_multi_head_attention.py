@@ -1,0 +1,150 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 03 · Multi-head attention
+#
+#
+# Four exercises, from counting parameters to the whole module. Fill in the code where it says
+# `raise NotImplementedError`, run the cell, then run the **check** below it. Hints are folded
+# away: click to open them.
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+from mha_lib.checks import (
+    check_combine_heads,
+    check_multi_head_attention,
+    check_parameter_count,
+    check_split_heads,
+)
+
+# %% [markdown]
+# ## Exercise 3.1 · How many parameters? (warm-up)
+#
+# Write `mha_parameter_count(d_model, num_heads, bias=True)` returning the number of trainable
+# numbers in a multi-head attention module with four projections `W_q, W_k, W_v, W_o`, each
+# `nn.Linear(d_model, d_model, bias=bias)`. Work it out with arithmetic, not by building a module.
+#
+# <details><summary>Hint</summary>
+#
+# An `nn.Linear(n, m)` has an `(m, n)` weight and, with a bias, `m` more numbers. Does the number
+# of heads appear anywhere?
+# </details>
+
+# %%
+def mha_parameter_count(d_model, num_heads, bias=True):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_parameter_count(mha_parameter_count)
+
+# %% [markdown]
+#
+# ## Exercise 3.2 · Split into heads
+#
+# Write `split_heads(x, num_heads)`: `(B, L, D) -> (B, H, L, D // H)`, where head `h` receives
+# the features `[h * d_k, (h + 1) * d_k)` of every position.
+#
+# <details><summary>Hint 1</summary>
+#
+# First cut the last axis into `(H, d_k)` with `.view(B, L, H, d_k)`; then swap the sequence and
+# head axes.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `.transpose(1, 2)` swaps axes 1 and 2. A single `.reshape(B, H, L, d_k)` has the right shape but
+# puts the wrong numbers in each head.
+# </details>
+
+# %%
+def split_heads(x, num_heads):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_split_heads(split_heads)
+
+# %% [markdown]
+# ## Exercise 3.3 · Combine the heads
+#
+# Write `combine_heads(x)`: `(B, H, L, d_k) -> (B, L, H * d_k)`, the inverse of `split_heads`:
+# the heads of each position are put side by side again.
+#
+# <details><summary>Hint</summary>
+#
+# Undo the steps in reverse order. After `.transpose`, the tensor is no longer contiguous in
+# memory, and `.view` refuses it: use `.reshape`, or `.contiguous().view(...)`.
+# </details>
+
+# %%
+def combine_heads(x):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_combine_heads(combine_heads)
+
+# %% [markdown]
+# ## Exercise 3.4 · The multi-head attention module
+#
+# Write the class `MultiHeadAttention(d_model, num_heads)`:
+#
+# - `__init__`: `self.W_q`, `self.W_k`, `self.W_v`, `self.W_o`, each `nn.Linear(d_model, d_model)`;
+#   raise a `ValueError` when `d_model` is not divisible by `num_heads`;
+# - `forward(query, key, value, mask=None)` with `query (B, Lq, d_model)`, `key` and
+#   `value (B, Lk, d_model)`, and an optional boolean mask (True = may attend) broadcastable to
+#   `(B, H, Lq, Lk)`:
+#   1. project: `W_q(query)`, `W_k(key)`, `W_v(value)`;
+#   2. split each into heads with your `split_heads`;
+#   3. scaled dot-product attention in every head at once;
+#   4. combine the heads with your `combine_heads`;
+#   5. mix them with `W_o`; return the output `(B, Lq, d_model)` (or `(output, weights)`).
+#
+# *Transformers in Action*'s listing 2.4 has the same structure, and one bug: it splits the
+# values with `self.d_v`, which it never defines. Don't copy that.
+#
+# <details><summary>Hint 1</summary>
+#
+# Each head's vectors have `d_k = d_model // num_heads` features: that is the size to scale by.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# The mask broadcasts: `scores.masked_fill(~mask, float("-inf"))` works for scores
+# `(B, H, Lq, Lk)` and masks `(Lq, Lk)` or `(B, 1, 1, Lk)` alike.
+# </details>
+
+# %%
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        raise NotImplementedError  # your code here
+
+    def forward(self, query, key, value, mask=None):
+        raise NotImplementedError  # your code here
+
+
+# %%
+check_multi_head_attention(MultiHeadAttention)
+
+# %% [markdown]
+#
+# ## Done?
+#
+# Compare with `solutions/03_multi_head_attention.ipynb`, then go on to chapter 04.

@@ -1,0 +1,111 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 04 · Masks and cross-attention
+#
+#
+# Three exercises: combine two masks, make attention safe for queries that may attend to
+# nothing, and use the multi-head module for cross-attention over a padded source. Fill in the
+# code where it says `raise NotImplementedError`, run the cell, then run the **check** below it.
+
+# %%
+import math
+
+import torch
+
+from mha_lib import causal_mask, padding_mask
+from mha_lib.checks import check_causal_padding_mask, check_cross_attention, check_masked_attention
+
+# %% [markdown]
+# ## Exercise 4.1 · Causal and padding at once
+#
+# A decoder sees a batch of padded sequences: each query may attend only to earlier tokens
+# (causal) that are not padding. Write `causal_padding_mask(lengths, seq_len)` returning a boolean
+# mask `(B, 1, L, L)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
+# `mha_lib.causal_mask` and `mha_lib.padding_mask`.
+#
+# <details><summary>Hint</summary>
+#
+# `causal_mask(L)` is `(L, L)`, `padding_mask(lengths, L)` is `(B, 1, 1, L)`; `&` broadcasts them.
+# </details>
+
+# %%
+def causal_padding_mask(lengths, seq_len):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_causal_padding_mask(causal_padding_mask)
+
+# %% [markdown]
+# ## Exercise 4.2 · Attention that survives a fully masked row
+#
+# With the mask above, the *padding queries* of a left-padded batch, or any query under a
+# restrictive per-head mask, may have no key to attend to. A softmax over a row of `-inf` is
+# `0/0 = NaN`, and the NaN spreads.
+#
+# Write `masked_attention(query, key, value, mask=None)` returning `(output, weights)` like
+# chapter 01's attention, except that a query whose keys are **all** blocked gets all-zero
+# weights and an all-zero output (not NaN, and not a uniform average of blocked keys).
+#
+# <details><summary>Hint 1</summary>
+#
+# `torch.isneginf(scores).all(dim=-1, keepdim=True)` finds the rows with nothing allowed.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Give those rows any finite scores before the softmax (so it makes no NaN), then set their
+# weights to zero with `masked_fill`.
+# </details>
+
+# %%
+def masked_attention(query, key, value, mask=None):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_masked_attention(masked_attention)
+
+# %% [markdown]
+#
+# ## Exercise 4.3 · Cross-attention over a padded source
+#
+# In translation, the words being generated (the *target*) attend to the words of the *source*
+# sentence. Write `cross_attend(mha, target, source, source_lengths)` that uses a
+# `mha_lib.MultiHeadAttention` module `mha` for cross-attention:
+#
+# - `target`: `(B, Lt, d_model)`, `source`: `(B, Ls, d_model)` padded, `source_lengths`: the
+#   true length of each source sentence;
+# - return the output `(B, Lt, d_model)`; no target word may attend to the source's padding.
+#
+# <details><summary>Hint</summary>
+#
+# Queries come from the target; keys and values from the source. `padding_mask(source_lengths,
+# max_len=source.size(1))` has the shape the module broadcasts.
+# </details>
+
+# %%
+def cross_attend(mha, target, source, source_lengths):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_cross_attention(cross_attend)
+
+# %% [markdown]
+# ## Done?
+#
+# Compare with `solutions/04_masks_and_cross_attention.ipynb`, then go on to chapter 05.

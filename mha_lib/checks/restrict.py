@@ -1,0 +1,109 @@
+"""Checks for chapter 08: restrict head 0 to the first half of the sequence, head 1 to the second."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..multi_head import MultiHeadAttention
+from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from .heads import _set_weights, mha_reference
+
+DEFINITION = ("For every query, head 0 may attend to the keys at positions [0, L//2) and head 1 to "
+              "[L//2, L): mask[0, :, :L//2] = True and mask[1, :, L//2:] = True.")
+
+
+def halves(L: int, split: int | None = None) -> Tensor:
+    """The reference mask ``(2, L, L)``: head 0 sees keys ``[0, split)``, head 1 ``[split, L)``."""
+    split = L // 2 if split is None else split
+    first = torch.arange(L) < split  # (Lk,)
+    return torch.stack([first, ~first])[:, None, :].expand(2, L, L)  # (2, Lq, Lk)
+
+
+def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
+    """Check ``fn(seq_len) -> mask``: bool ``(2, L, L)``, True = may attend; head 0 may attend
+    to keys ``[0, L//2)`` and head 1 to keys ``[L//2, L)``, for every query."""
+
+    def body() -> str:
+        lengths = [4, 8, 5, 7, 2]
+        for L in lengths:
+            mask = call(fn, L, what=f"your function (seq_len={L})")
+            if isinstance(mask, Tensor) and tuple(mask.shape) == (L, L):
+                raise fail(f"the mask for seq_len={L} has shape {(L, L)}, expected {(2, L, L)}",
+                           "One (L, L) mask per head, stacked: shape (2, L, L), head first.")
+            if isinstance(mask, Tensor) and tuple(mask.shape) == (2, L) and L != 2:
+                raise fail(f"the mask for seq_len={L} has shape {(2, L)}, expected {(2, L, L)}",
+                           "Give every query its row: expand to (2, L, L), e.g. keys[:, None, :].expand(2, L, L).")
+            mask = expect_tensor(mask, f"the mask for seq_len={L}", (2, L, L), dtype="bool").cpu()
+            expected = halves(L)
+            if torch.equal(mask, expected):
+                continue
+            h = L // 2
+            mistakes = [
+                ("the heads are swapped (head 0 sees the second half)", halves(L)[[1, 0]],
+                 "Head 0 (mask[0]) gets the first half, keys [0, L//2)."),
+                ("the queries are restricted instead of the keys", halves(L).transpose(-2, -1),
+                 "Restrict the keys (the last axis, columns): every query of head 0 may look at the first half "
+                 "of the sequence. mask[0, :, :L//2] = True, not mask[0, :L//2, :]."),
+                ("the mask is inverted", ~halves(L), "True means *may attend*."),
+                ("the boundary is off by one (the middle key goes to head 0)", halves(L, h + 1),
+                 f"Positions 0 .. L//2 - 1 belong to head 0: for L={L} that is keys 0 .. {h - 1}. " + DEFINITION),
+                ("the boundary is off by one (head 0 misses its last key)", halves(L, h - 1),
+                 f"Head 0's keys are [0, L//2): for L={L} that is keys 0 .. {h - 1}. " + DEFINITION),
+            ]
+            if L % 2:
+                mistakes.insert(0, (f"odd lengths are split at (L+1)//2 = {(L + 1) // 2} instead of L//2 = {h}",
+                                    halves(L, (L + 1) // 2),
+                                    "With odd L the halves can't be equal: the course gives the middle key to head 1, "
+                                    "splitting at L//2 (floor division)."))
+            for name, wrong, hint in mistakes:
+                if torch.equal(mask, wrong):
+                    raise fail(f"wrong mask for seq_len={L}: {name}", hint)
+            raise fail(f"wrong mask for seq_len={L}", DEFINITION)
+        return "correct for seq_len = " + ", ".join(map(str, lengths)) + " (odd lengths included)"
+
+    return run_check("halves mask", body)
+
+
+def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(mha, x) -> output`` (or ``(output, weights)``): self-attention of
+    ``x (B, L, d_model)`` through a 2-head ``mha_lib.MultiHeadAttention`` in which head 0 may
+    attend only to the first half of the sequence and head 1 only to the second half."""
+
+    def body() -> str:
+        g = gen(31)
+        D, H = 8, 2
+        mha = MultiHeadAttention(D, H).double().eval()
+        w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, g)
+        cases = [randn(g, 2, 4, D), randn(g, 3, 7, D), randn(g, 2, 6, D)]  # B=2 = H on purpose
+        for x in cases:
+            B, L, _ = x.shape
+            (arg,) = cloned(x)
+            with torch.no_grad():
+                out = call(fn, mha, arg, what=f"your function (x {tuple(x.shape)})")
+            check_unchanged(["x"], [x], [arg], "your function")
+            if isinstance(out, (tuple, list)) and len(out) == 2:
+                out = out[0]
+            out = expect_tensor(out, f"the output for x {tuple(x.shape)}", (B, L, D), explain=" (B, L, d_model)")
+            expected = mha_reference(w, x, x, x, halves(L), H)
+            if not close(out, expected):
+                raise diagnose(out, [
+                    ("unrestricted attention (no mask)", lambda: mha_reference(w, x, x, x, None, H),
+                     "Pass the per-head mask: mha(x, x, x, mask=halves_mask(L))."),
+                    ("the heads are swapped", lambda: mha_reference(w, x, x, x, halves(L)[[1, 0]], H),
+                     "Head 0 gets the first half of the keys."),
+                    ("the queries were restricted instead of the keys",
+                     lambda: mha_reference(w, x, x, x, halves(L).transpose(-2, -1), H),
+                     "Restrict the keys (the last axis of the mask), for every query."),
+                    ("the mask was applied per sequence instead of per head",
+                     lambda: mha_reference(w, x, x, x, halves(L)[:, None], H),
+                     "A (2, 1, L, L) mask lines up with the batch axis. A per-head mask is (H, L, L) "
+                     "(or (1, H, L, L)): it broadcasts over the batch."),
+                ], f"wrong output for x {tuple(x.shape)}",
+                    "Self-attention through the given module, with a (2, L, L) mask: " + DEFINITION)
+        return f"correct on {len(cases)} inputs (even and odd lengths)"
+
+    return run_check("restricted multi-head attention", body)

@@ -1,0 +1,103 @@
+"""One attention head as a module: project, then attend.
+
+Trainable projections ``W_q, W_k, W_v`` turn every token's embedding into its
+query (what it looks for), key (what it offers) and value (what it hands over);
+scaled dot-product attention then blends the values (chapter 02). A multi-head
+module is ``H`` such heads side by side, followed by an output projection
+(chapter 03).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .attention import scaled_dot_product_attention
+
+__all__ = ["AttentionHead"]
+
+
+class AttentionHead(nn.Module):
+    """A single attention head.
+
+    Args:
+        d_model: width of the inputs (the token embeddings).
+        d_k: width of the queries and keys.
+        d_v: width of the values, and so of the output; default ``d_k``.
+        bias: whether the three projections have a bias.
+
+    Attributes:
+        W_q, W_k: ``nn.Linear(d_model, d_k)``; their ``.weight`` is ``(d_k, d_model)``.
+        W_v: ``nn.Linear(d_model, d_v)``; its ``.weight`` is ``(d_v, d_model)``.
+    """
+
+    def __init__(self, d_model: int, d_k: int, d_v: int | None = None, bias: bool = True) -> None:
+        super().__init__()
+        d_v = d_k if d_v is None else d_v
+        for name, size in (("d_model", d_model), ("d_k", d_k), ("d_v", d_v)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be a positive int, got {size!r}")
+        self.d_model = d_model
+        self.d_k = d_k
+        self.d_v = d_v
+        self.W_q = nn.Linear(d_model, d_k, bias=bias)
+        self.W_k = nn.Linear(d_model, d_k, bias=bias)
+        self.W_v = nn.Linear(d_model, d_v, bias=bias)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``(B, Lq, d_model)``.
+            key: ``(B, Lk, d_model)``.
+            value: ``(B, Lk, d_model)``. For self-attention pass the same tensor
+                three times; for cross-attention ``Lq`` may differ from ``Lk``.
+            mask: optional, broadcastable to the scores ``(B, Lq, Lk)``; bool
+                ``True`` = may attend, or float added to the scores. E.g.
+                ``causal_mask(L)`` ``(L, L)``, or ``padding_mask(lengths)[:, 0]``
+                ``(B, 1, Lk)``.
+            return_weights: also return the attention weights.
+
+        Returns:
+            output ``(B, Lq, d_v)``, or ``(output, weights)`` with weights
+            ``(B, Lq, Lk)`` when ``return_weights`` is True.
+        """
+        self._check_inputs(query, key, value, mask)
+        q = self.W_q(query)  # (B, Lq, d_k): what each token looks for
+        k = self.W_k(key)  # (B, Lk, d_k): what each token offers
+        v = self.W_v(value)  # (B, Lk, d_v): what each token hands over
+        output, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, Lq, d_v), (B, Lq, Lk)
+        return (output, weights) if return_weights else output
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() != 3 or x.size(-1) != self.d_model:
+                raise ValueError(
+                    f"{name} must have shape (B, L, d_model={self.d_model}), got {tuple(x.shape)}"
+                )
+        if not query.size(0) == key.size(0) == value.size(0):
+            raise ValueError(
+                f"query, key and value must have the same batch size, got "
+                f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
+            )
+        if key.size(1) != value.size(1):
+            raise ValueError(
+                f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}"
+            )
+        if isinstance(mask, Tensor) and mask.dim() > 3:
+            raise ValueError(
+                f"a single head's scores are (B, Lq, Lk), so its mask may have at most 3 "
+                f"dimensions, got {tuple(mask.shape)}; for padding_mask(lengths), which is "
+                f"(B, 1, 1, Lk), pass padding_mask(lengths)[:, 0]"
+            )
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}"

@@ -1,0 +1,192 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 03 · Multi-head attention
+#
+# <!-- BEGIN SOLUTION -->
+# > **Worked solutions.** This notebook is the source of `exercises/03_multi_head_attention.ipynb`:
+# > the same exercises, with the solutions filled in and a short discussion after each.
+# <!-- END SOLUTION -->
+#
+# Four exercises, from counting parameters to the whole module. Fill in the code where it says
+# `raise NotImplementedError`, run the cell, then run the **check** below it. Hints are folded
+# away: click to open them.
+
+# %%
+import math
+
+import torch
+from torch import nn
+
+from mha_lib.checks import (
+    check_combine_heads,
+    check_multi_head_attention,
+    check_parameter_count,
+    check_split_heads,
+)
+
+# %% [markdown]
+# ## Exercise 3.1 · How many parameters? (warm-up)
+#
+# Write `mha_parameter_count(d_model, num_heads, bias=True)` returning the number of trainable
+# numbers in a multi-head attention module with four projections `W_q, W_k, W_v, W_o`, each
+# `nn.Linear(d_model, d_model, bias=bias)`. Work it out with arithmetic, not by building a module.
+#
+# <details><summary>Hint</summary>
+#
+# An `nn.Linear(n, m)` has an `(m, n)` weight and, with a bias, `m` more numbers. Does the number
+# of heads appear anywhere?
+# </details>
+
+# %%
+def mha_parameter_count(d_model, num_heads, bias=True):
+    # BEGIN SOLUTION
+    per_projection = d_model * d_model + (d_model if bias else 0)
+    return 4 * per_projection
+    # END SOLUTION
+
+
+# %%
+check_parameter_count(mha_parameter_count)
+
+# %% [markdown]
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** `num_heads` doesn't appear: the heads share the same four matrices, each head
+# using its own slice of `d_k = d_model / num_heads` features. More heads means more views of the
+# same parameters, not more parameters.
+# <!-- END SOLUTION -->
+#
+# ## Exercise 3.2 · Split into heads
+#
+# Write `split_heads(x, num_heads)`: `(B, L, D) -> (B, H, L, D // H)`, where head `h` receives
+# the features `[h * d_k, (h + 1) * d_k)` of every position.
+#
+# <details><summary>Hint 1</summary>
+#
+# First cut the last axis into `(H, d_k)` with `.view(B, L, H, d_k)`; then swap the sequence and
+# head axes.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `.transpose(1, 2)` swaps axes 1 and 2. A single `.reshape(B, H, L, d_k)` has the right shape but
+# puts the wrong numbers in each head.
+# </details>
+
+# %%
+def split_heads(x, num_heads):
+    # BEGIN SOLUTION
+    B, L, D = x.shape
+    return x.view(B, L, num_heads, D // num_heads).transpose(1, 2)  # (B, H, L, d_k)
+    # END SOLUTION
+
+
+# %%
+check_split_heads(split_heads)
+
+# %% [markdown]
+# ## Exercise 3.3 · Combine the heads
+#
+# Write `combine_heads(x)`: `(B, H, L, d_k) -> (B, L, H * d_k)`, the inverse of `split_heads`:
+# the heads of each position are put side by side again.
+#
+# <details><summary>Hint</summary>
+#
+# Undo the steps in reverse order. After `.transpose`, the tensor is no longer contiguous in
+# memory, and `.view` refuses it: use `.reshape`, or `.contiguous().view(...)`.
+# </details>
+
+# %%
+def combine_heads(x):
+    # BEGIN SOLUTION
+    B, H, L, d_k = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * d_k)  # (B, L, D)
+    # END SOLUTION
+
+
+# %%
+check_combine_heads(combine_heads)
+
+# %% [markdown]
+# ## Exercise 3.4 · The multi-head attention module
+#
+# Write the class `MultiHeadAttention(d_model, num_heads)`:
+#
+# - `__init__`: `self.W_q`, `self.W_k`, `self.W_v`, `self.W_o`, each `nn.Linear(d_model, d_model)`;
+#   raise a `ValueError` when `d_model` is not divisible by `num_heads`;
+# - `forward(query, key, value, mask=None)` with `query (B, Lq, d_model)`, `key` and
+#   `value (B, Lk, d_model)`, and an optional boolean mask (True = may attend) broadcastable to
+#   `(B, H, Lq, Lk)`:
+#   1. project: `W_q(query)`, `W_k(key)`, `W_v(value)`;
+#   2. split each into heads with your `split_heads`;
+#   3. scaled dot-product attention in every head at once;
+#   4. combine the heads with your `combine_heads`;
+#   5. mix them with `W_o`; return the output `(B, Lq, d_model)` (or `(output, weights)`).
+#
+# *Transformers in Action*'s listing 2.4 has the same structure, and one bug: it splits the
+# values with `self.d_v`, which it never defines. Don't copy that.
+#
+# <details><summary>Hint 1</summary>
+#
+# Each head's vectors have `d_k = d_model // num_heads` features: that is the size to scale by.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# The mask broadcasts: `scores.masked_fill(~mask, float("-inf"))` works for scores
+# `(B, H, Lq, Lk)` and masks `(Lq, Lk)` or `(B, 1, 1, Lk)` alike.
+# </details>
+
+# %%
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        # BEGIN SOLUTION
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.d_k = d_model // num_heads
+        self.W_q = nn.Linear(d_model, d_model)
+        self.W_k = nn.Linear(d_model, d_model)
+        self.W_v = nn.Linear(d_model, d_model)
+        self.W_o = nn.Linear(d_model, d_model)
+        # END SOLUTION
+
+    def forward(self, query, key, value, mask=None):
+        # BEGIN SOLUTION
+        q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
+        k = split_heads(self.W_k(key), self.num_heads)  # (B, H, Lk, d_k)
+        v = split_heads(self.W_v(value), self.num_heads)  # (B, H, Lk, d_k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Lq, Lk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        return self.W_o(combine_heads(weights @ v)), weights  # (B, Lq, d_model)
+        # END SOLUTION
+
+
+# %%
+check_multi_head_attention(MultiHeadAttention)
+
+# %% [markdown]
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** The check tries one to four heads, self- and cross-attention, causal and
+# padding masks. The common slips it recognises: scaling by `√d_model` (each head's dot products
+# have only `d_k` terms), forgetting `W_o` (the heads are then never mixed), and splitting with a
+# plain reshape.
+# <!-- END SOLUTION -->
+#
+# ## Done?
+#
+# Compare with `solutions/03_multi_head_attention.ipynb`, then go on to chapter 04.

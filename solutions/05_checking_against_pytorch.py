@@ -1,0 +1,124 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 05 · Checking against PyTorch
+#
+# <!-- BEGIN SOLUTION -->
+# > **Worked solutions.** This notebook is the source of `exercises/05_checking_against_pytorch.ipynb`:
+# > the same exercises, with the solutions filled in and a short discussion after each.
+# <!-- END SOLUTION -->
+#
+# Three exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
+# kinds of masks to PyTorch's convention, then copy a module's weights. Fill in the code where it
+# says `raise NotImplementedError`, run the cell, then run the **check** below it.
+
+# %%
+import torch
+from torch import nn
+
+from mha_lib.checks import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+
+# %% [markdown]
+# ## Exercise 5.1 · An attention mask for `nn.MultiheadAttention`
+#
+# `mha_lib` masks mean **True = may attend**. `nn.MultiheadAttention`'s `attn_mask` means the
+# opposite: True = *blocked*. Write `to_torch_attn_mask(allowed)` that turns an `(L, L)` mask of
+# ours into an `attn_mask` that makes `nn.MultiheadAttention` attend to exactly the same keys.
+#
+# <details><summary>Hint</summary>
+#
+# One character does it. (A float mask of `0` and `-inf` would work too.)
+# </details>
+
+# %%
+def to_torch_attn_mask(allowed):
+    # BEGIN SOLUTION
+    return ~allowed
+    # END SOLUTION
+
+
+# %%
+check_attn_mask_for_torch(to_torch_attn_mask)
+
+# %% [markdown]
+# ## Exercise 5.2 · A key padding mask
+#
+# `mha_lib.padding_mask` returns `(B, 1, 1, Lk)`, True for real tokens. `nn.MultiheadAttention`'s
+# `key_padding_mask` is `(B, Lk)`, True for **padding**. Write `to_key_padding_mask(keep)`.
+#
+# <details><summary>Hint</summary>
+#
+# Drop the two axes of size 1, then invert.
+# </details>
+
+# %%
+def to_key_padding_mask(keep):
+    # BEGIN SOLUTION
+    return ~keep[:, 0, 0]  # (B, Lk), True = padding
+    # END SOLUTION
+
+
+# %%
+check_key_padding_mask_for_torch(to_key_padding_mask)
+
+# %% [markdown]
+# ## Exercise 5.3 · Copy our weights into `nn.MultiheadAttention`
+#
+# Write `copy_to_torch(mha)` that takes a `mha_lib.MultiHeadAttention` and returns an
+# `nn.MultiheadAttention` that computes the same function on `(B, L, d_model)` inputs.
+#
+# - PyTorch keeps the three input projections stacked in one `in_proj_weight` of shape
+#   `(3 * d_model, d_model)` (queries, then keys, then values) and their biases in `in_proj_bias`;
+#   the output projection is `out_proj`.
+# - `mha.d_model` and `mha.num_heads` give the sizes. Leave `mha` itself unchanged.
+#
+# <details><summary>Hint 1</summary>
+#
+# `nn.MultiheadAttention(d_model, num_heads, batch_first=True)`: without `batch_first` it expects
+# `(L, B, d_model)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Copy under `torch.no_grad()`: `theirs.in_proj_weight.copy_(torch.cat([...]))`. `nn.Linear`
+# stores its weight as `(out_features, in_features)`, exactly the layout PyTorch expects: no `.T`.
+# </details>
+
+# %%
+def copy_to_torch(mha):
+    # BEGIN SOLUTION
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+        theirs.out_proj.weight.copy_(mha.W_o.weight)
+        theirs.out_proj.bias.copy_(mha.W_o.bias)
+    return theirs
+    # END SOLUTION
+
+
+# %%
+check_copy_to_torch(copy_to_torch)
+
+# %% [markdown]
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** The check compares the weights block by block before comparing outputs, so it
+# can say *which* part was copied wrong: the order of the three blocks, a stray `.T`, the biases
+# or `out_proj`.
+# <!-- END SOLUTION -->
+#
+# ## Done?
+#
+# Compare with `solutions/05_checking_against_pytorch.ipynb`, then go on to chapter 06.

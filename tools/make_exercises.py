@@ -1,0 +1,116 @@
+"""Generate exercises/NN_name.py from solutions/NN_name.py, the exercises' single source.
+
+    python tools/make_exercises.py          # write every exercise script
+    python tools/make_exercises.py --check  # exit 1 if one is out of date
+
+Markers in a solution (py:percent) script:
+
+- code: the lines between ``# BEGIN SOLUTION`` and ``# END SOLUTION`` become
+  ``raise NotImplementedError  # your code here`` at the marker's indentation;
+- markdown: the lines between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->``
+  are left out (notes for the solutions only);
+- markdown: the lines between ``<!-- BEGIN ANSWER -->`` and ``<!-- END ANSWER -->`` (a
+  written answer) become an invitation to write one's own;
+- a cell whose first line is ``# SOLUTION ONLY`` is left out.
+
+The generated script is then built into ``exercises/NN_name.ipynb`` by
+``tools/build_notebooks.py`` (``make notebooks`` runs both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+from jupytext.config import load_jupytext_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
+
+STUB = "raise NotImplementedError  # your code here"
+ANSWER = "# *Your answer here (double-click this cell to edit it).*"
+_CODE_BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION\s*$")
+_CODE_END = re.compile(r"^\s*# END SOLUTION\s*$")
+_MD = re.compile(r"^#\s*<!-- (BEGIN|END) (SOLUTION|ANSWER) -->\s*$")
+
+
+class MarkerError(ValueError):
+    """A solution script whose markers don't pair up."""
+
+
+def _drop_solution_cells(lines: list[str]) -> list[str]:
+    kept: list[str] = []
+    skipping = False
+    for i, line in enumerate(lines):
+        if line.startswith("# %%"):
+            skipping = i + 1 < len(lines) and lines[i + 1].strip() == "# SOLUTION ONLY"
+        if not skipping:
+            kept.append(line)
+    return kept
+
+
+def make_exercise(solution: str, name: str = "solution") -> str:
+    """The exercise script for one solution script (py:percent text)."""
+    out: list[str] = []
+    open_marker: tuple[str, int] | None = None  # (kind, line number)
+    for number, line in enumerate(_drop_solution_cells(solution.splitlines()), start=1):
+        begin, md = _CODE_BEGIN.match(line), _MD.match(line)
+        if begin:
+            if open_marker:
+                raise MarkerError(f"{name}:{number}: BEGIN SOLUTION inside an open {open_marker[0]} block")
+            open_marker = ("code", number)
+            out.append(begin.group(1) + STUB)
+        elif _CODE_END.match(line):
+            if not open_marker or open_marker[0] != "code":
+                raise MarkerError(f"{name}:{number}: END SOLUTION without a BEGIN SOLUTION")
+            open_marker = None
+        elif md:
+            which, kind = md.groups()
+            if which == "BEGIN":
+                if open_marker:
+                    raise MarkerError(f"{name}:{number}: <!-- BEGIN {kind} --> inside an open {open_marker[0]} block")
+                open_marker = (kind, number)
+                if kind == "ANSWER":
+                    out.append(ANSWER)
+            else:
+                if not open_marker or open_marker[0] != kind:
+                    raise MarkerError(f"{name}:{number}: <!-- END {kind} --> without its BEGIN")
+                open_marker = None
+        elif not open_marker:
+            out.append(line)
+    if open_marker:
+        raise MarkerError(f"{name}:{open_marker[1]}: {open_marker[0]} block never closed")
+    text = "\n".join(out) + "\n"
+    # Normalise through jupytext, as building the notebook will.
+    config = load_jupytext_config(str(EXERCISES))
+    return jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent", config=config)
+
+
+def pairs() -> list[tuple[Path, Path]]:
+    return [(s, EXERCISES / s.name) for s in sorted(SOLUTIONS.glob("[0-9][0-9]_*.py"))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only report exercises that are out of date")
+    args = parser.parse_args()
+    stale = []
+    for solution, exercise in pairs():
+        text = make_exercise(solution.read_text(), solution.name)
+        if exercise.exists() and exercise.read_text() == text:
+            continue
+        stale.append(exercise)
+        if not args.check:
+            exercise.write_text(text)
+            print(f"wrote {exercise.relative_to(ROOT)}")
+    if args.check and stale:
+        print("out of date (run `make notebooks`):", *(str(p.relative_to(ROOT)) for p in stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
