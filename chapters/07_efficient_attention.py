@@ -1,0 +1,575 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 07 · Efficient attention: the same maths, less time and memory
+#
+# `mha_lib.MultiHeadAttention` was written to be read: three projections, a split, attention
+# per head, a merge, a projection. On the way it stores every attention weight: a
+# `(B, H, L, L)` tensor that grows with the **square** of the sequence length. Production code
+# (PyTorch's `nn.MultiheadAttention`, Andrej Karpathy's nanoGPT) computes exactly the same
+# function, but faster and in far less memory. This chapter walks from one to the other and
+# measures every step.
+#
+# **By the end of this chapter you will be able to**
+#
+# - fuse $W_q, W_k, W_v$ into one `(3·d_model, d_model)` matrix, and prove that one matrix
+#   multiplication then computes the same queries, keys and values as three;
+# - call PyTorch's fused attention, `F.scaled_dot_product_attention`, see which kernel it runs
+#   on your device, and check it against the course's explicit version;
+# - use `mha_lib.EfficientMultiHeadAttention`, a drop-in twin of the teaching module;
+# - compute how much memory the `L × L` weights take, and measure how time and memory grow with
+#   the sequence length;
+# - explain how flash attention avoids the `L × L` matrix (tiles and an *online softmax*),
+#   and write the online softmax yourself;
+# - benchmark the implementations with `python -m mha_lib.bench`.
+#
+# *Sources.* The fused projection follows nanoGPT's `CausalSelfAttention` (A. Karpathy) and
+# `nn.MultiheadAttention`'s `in_proj_weight`. Flash attention: T. Dao et al., "FlashAttention:
+# Fast and Memory-Efficient Exact Attention with IO-Awareness" (2022); the online softmax:
+# M. Milakov and N. Gimelshein, "Online normalizer calculation for softmax" (2018); attention
+# without the `L × L` matrix: M. Rabe and C. Staats, "Self-attention Does Not Need O(n²) Memory"
+# (2021). The configuration `d_model = 512`, 8 heads, a batch of 32 × 100 is from
+# *Transformers in Action* (Manning), section 2.2.3.
+
+# %% [markdown]
+# ## Set-up
+#
+# As in every chapter: the device (CUDA when there is one, `MHA_DEVICE=cpu` forces the CPU), the
+# seed, random numbers drawn on the CPU and then moved. On a GPU this notebook measures the GPU.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from matplotlib.patches import FancyArrowPatch, Rectangle
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mha_lib
+from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask, get_device, padding_mask, seed_everything
+from mha_lib import bench
+
+device = get_device()
+seed_everything(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+print("Running on:", device.type)
+
+# %% [markdown]
+# ## 1. Two costs the teaching module pays
+#
+# Recall the five steps of `MultiHeadAttention.forward` (chapter 03), here with the book's
+# configuration: a batch of 32 sequences of 100 tokens, `d_model = 512`, 8 heads of 64.
+#
+# 1. project: `W_q(query)`, `W_k(key)`, `W_v(value)`: **three** matrix multiplications;
+# 2. split into heads: `(32, 100, 512) → (32, 8, 100, 64)`;
+# 3. attend: scores `Q Kᵀ / √d_k`, softmax, weights @ V; the scores and weights are
+#    `(32, 8, 100, 100)` tensors, **stored in memory**;
+# 4. combine the heads; 5. project with `W_o`.
+#
+# Step 1 runs three small matrix products where one larger one would do (each call has a fixed
+# overhead and reads its input once more). Step 3 writes `B·H·L²` numbers to memory, reads them
+# back, and, when training, keeps them for the backward pass. The next two sections remove both
+# costs without changing a single output.
+
+# %%
+B, L, d_model, H = 32, 100, 512, 8
+mha = MultiHeadAttention(d_model, H).to(device).eval()
+x = torch.randn(B, L, d_model).to(device)
+out, weights = mha(x, x, x, return_weights=True)
+print("input:  ", tuple(x.shape))
+print("weights:", tuple(weights.shape), f"= {weights.numel():,} numbers")
+print("output: ", tuple(out.shape))
+
+# %% [markdown]
+# ## 2. Fused projections: one matrix multiplication instead of three
+#
+# A linear layer computes $x W^\top + b$, one output feature per **row** of $W$. Stack the rows
+# of $W_q$, $W_k$ and $W_v$ into one matrix, and one product computes all three results side by
+# side:
+#
+# $$x\,\begin{bmatrix} W_q \\ W_k \\ W_v \end{bmatrix}^{\!\top} + \begin{bmatrix} b_q \\ b_k \\ b_v \end{bmatrix}
+#   = \big[\; x W_q^\top + b_q \;\big|\; x W_k^\top + b_k \;\big|\; x W_v^\top + b_v \;\big]$$
+#
+# because each output column only ever sees its own row of the weight. Splitting the
+# `3·d_model` output features into three chunks of `d_model` gives back Q, K and V. This is the
+# same maths, not an approximation; rounding may differ in the last bit, because the products
+# are summed in a different order.
+
+# %%
+W_qkv = torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight])  # (3·512, 512)
+b_qkv = torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias])        # (3·512,)
+with torch.no_grad():
+    qkv = x @ W_qkv.T + b_qkv                                         # (32, 100, 1536)
+    q, k, v = qkv.split(d_model, dim=-1)                              # 3 x (32, 100, 512)
+    for name, fused, layer in [("Q", q, mha.W_q), ("K", k, mha.W_k), ("V", v, mha.W_v)]:
+        assert torch.allclose(fused, layer(x), atol=1e-5)
+print("W_qkv:", tuple(W_qkv.shape), " qkv:", tuple(qkv.shape), " q, k, v:", tuple(q.shape))
+print("fused Q, K, V == three separate projections (within 1e-5)")
+
+# %% [markdown]
+# PyTorch's own module stores its weights this way: `nn.MultiheadAttention.in_proj_weight` is
+# exactly this `(3·d_model, d_model)` matrix (rows: queries, then keys, then values), and
+# nanoGPT's `c_attn` is the same layer. The split is free: `split` returns views of `qkv`, and
+# so do the `view` and `transpose` that cut them into heads.
+
+# %%
+print("nn.MultiheadAttention.in_proj_weight:", tuple(nn.MultiheadAttention(d_model, H).in_proj_weight.shape))
+q_heads = q.view(B, L, H, d_model // H).transpose(1, 2)  # (B, H, L, d_k)
+print("q per head:", tuple(q_heads.shape), " shares memory with qkv:", q_heads.data_ptr() == qkv.data_ptr())
+
+# %% [markdown]
+# Fusing only works when queries, keys and values are projected from **the same tensor**
+# (self-attention). In cross-attention the queries come from one sequence and the keys and
+# values from another (chapter 04), so the module uses the rows `0 … 511` of `W_qkv` on the
+# query and the rows `512 … 1535` on the memory: still two products instead of three.
+#
+# ## 3. Fused attention: `F.scaled_dot_product_attention`
+#
+# PyTorch has one function for step 3: `F.scaled_dot_product_attention(q, k, v, attn_mask)`
+# computes $\text{softmax}(QK^\top/\sqrt{d_k} + \text{mask})\,V$ and returns only the output.
+# Behind it are several *kernels*, and PyTorch picks one for your device, dtype and inputs:
+# flash attention, memory-efficient attention and cuDNN's attention on NVIDIA GPUs, a
+# flash-attention-style kernel on the CPU, and the explicit "math" version as a fallback. Its boolean masks use the course's
+# convention (True = may attend), so a mask goes in unchanged.
+#
+# It must agree with the explicit `mha_lib.scaled_dot_product_attention`, with and without masks:
+
+# %%
+q_heads, k_heads, v_heads = (t.view(B, L, H, d_model // H).transpose(1, 2) for t in (q, k, v))
+masks = {
+    "no mask": None,
+    "causal": causal_mask(L, device=device),                                       # (L, L)
+    "padding": padding_mask(torch.randint(50, L + 1, (B,)), max_len=L).to(device),  # (B, 1, 1, L)
+}
+for name, mask in masks.items():
+    explicit, _ = mha_lib.scaled_dot_product_attention(q_heads, k_heads, v_heads, mask)
+    fused = F.scaled_dot_product_attention(q_heads, k_heads, v_heads, attn_mask=mask)
+    assert fused.shape == explicit.shape == (B, H, L, d_model // H)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    print(f"{name:8s}: F.scaled_dot_product_attention == mha_lib's (within 1e-5), {tuple(fused.shape)}")
+
+
+# %% [markdown]
+# Which kernel ran? PyTorch functions are built from *aten* operations, and a
+# `TorchDispatchMode` can list the ones that run. (The kernel names differ between devices,
+# so the printout below is not compared by the course's tests; the assert is.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+class AtenOps(TorchDispatchMode):
+    """Collects the names of the aten operations that run inside the `with` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+with AtenOps() as ops:
+    F.scaled_dot_product_attention(q_heads, k_heads, v_heads)
+print(ops.names)
+if device.type in ("cpu", "cuda"):
+    assert any(kernel in name for name in ops.names for kernel in ("flash", "efficient", "cudnn"))
+
+# %% [markdown]
+# ## 4. `mha_lib.EfficientMultiHeadAttention`
+#
+# The two ideas together make the efficient module. It has the teaching module's forward
+# contract (`forward(query, key, value, mask=None, return_weights=False)`, same masks, same
+# output) and two layers: `W_qkv` (the fused `(1536, 512)` projection) and `W_o`. Its
+# `forward`, in the nanoGPT style:
+#
+# ```python
+# q, k, v = self.W_qkv(query).split(D, dim=-1)        # self-attention: one matmul, 3 x (B, L, D)
+# q = q.view(B, Lq, H, d_k).transpose(1, 2)            # (B, H, Lq, d_k), a view; k, v likewise
+# heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+# output = self.W_o(heads.transpose(1, 2).reshape(B, Lq, D))  # (B, Lq, D)
+# ```
+#
+# plus a path for cross-attention (slices of `W_qkv`), the explicit path when you ask for the
+# weights (a fused kernel never has them), dropout only in training, and a guard for queries
+# whose keys are all masked (section 8 shows why a fused kernel needs one).
+# `EfficientMultiHeadAttention.from_module(mha)` copies a teaching module's weights, so the two
+# can be compared:
+
+# %%
+efficient = EfficientMultiHeadAttention.from_module(mha)
+print(efficient)
+count = lambda module: sum(p.numel() for p in module.parameters())
+print(f"parameters: teaching {count(mha):,}, efficient {count(efficient):,}")
+
+with torch.no_grad():
+    assert torch.allclose(efficient(x, x, x), mha(x, x, x), atol=1e-5)
+print("book configuration, self-attention: efficient == teaching (within 1e-5)")
+
+# %% [markdown]
+# The same holds for cross-attention (`Lq ≠ Lk`) with a padding mask, and for the attention
+# weights, which `return_weights=True` computes on the explicit path:
+
+# %%
+query = torch.randn(4, 7, d_model).to(device)
+memory = torch.randn(4, 12, d_model).to(device)
+keep = padding_mask([12, 9, 5, 1], max_len=12).to(device)  # (4, 1, 1, 12)
+with torch.no_grad():
+    out_teaching, w_teaching = mha(query, memory, memory, keep, return_weights=True)
+    out_efficient = efficient(query, memory, memory, keep)
+    _, w_efficient = efficient(query, memory, memory, keep, return_weights=True)
+assert torch.allclose(out_efficient, out_teaching, atol=1e-5)
+assert torch.allclose(w_efficient, w_teaching, atol=1e-6)
+print("cross-attention, output:", tuple(out_efficient.shape), " weights:", tuple(w_efficient.shape))
+print("efficient == teaching, outputs and weights")
+
+# %% [markdown]
+# And training gives the same gradients: `W_qkv`'s gradient is the three gradients of
+# `W_q, W_k, W_v` stacked.
+
+# %%
+small = MultiHeadAttention(64, 4).to(device)
+small_efficient = EfficientMultiHeadAttention.from_module(small)
+xs = torch.randn(2, 10, 64).to(device)
+small(xs, xs, xs, causal_mask(10, device=device)).pow(2).sum().backward()
+small_efficient(xs, xs, xs, causal_mask(10, device=device)).pow(2).sum().backward()
+stacked = torch.cat([small.W_q.weight.grad, small.W_k.weight.grad, small.W_v.weight.grad])
+assert torch.allclose(small_efficient.W_qkv.weight.grad, stacked, atol=1e-5)
+assert torch.allclose(small_efficient.W_o.weight.grad, small.W_o.weight.grad, atol=1e-5)
+print("W_qkv.grad:", tuple(small_efficient.W_qkv.weight.grad.shape), "== the three gradients stacked")
+
+# %% [markdown]
+# ## 5. The `L × L` weight matrix, made concrete
+#
+# For one sequence (`B = 1`) and 8 heads, the weights are `8 · L²` numbers of 4 bytes each
+# (float32). Double the length and they take four times the memory:
+
+# %%
+for length in (1024, 4096, 16384):
+    n_bytes = 1 * 8 * length * length * 4
+    print(f"L = {length:>6,}: 1 x 8 x {length:,} x {length:,} x 4 bytes = {n_bytes / 2**20:>6,.0f} MiB")
+
+# %% [markdown]
+# At 16k tokens a single copy is 8 GiB, and the teaching module holds several at once: the
+# scores, the softmax, and the masked weights it multiplies with V. (The book's configuration,
+# `32 · 8 · 100²` numbers, is only 10 MB: the problem is the length, not the batch.)
+#
+# Let us measure at `L = 1024`, where it fits easily. The weights the teaching module returns
+# are the predicted 32 MiB; `mha_lib.bench.peak_memory(step)` measures how much memory one call
+# of `step` allocates at its peak (on a GPU with `torch.cuda.max_memory_allocated`, on the CPU
+# by adding up the allocations `torch.profiler` records). To save time we use a narrower model,
+# `d_model = 128`: the weights do not depend on it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+length = 1024
+teaching_small = MultiHeadAttention(128, 8).to(device).eval()
+efficient_small = EfficientMultiHeadAttention.from_module(teaching_small)
+x_long = torch.randn(1, length, 128).to(device)
+with torch.no_grad():
+    _, w_long = teaching_small(x_long, x_long, x_long, return_weights=True)
+weights_mib = w_long.numel() * w_long.element_size() / 2**20
+print(f"weights returned at L = {length}: {tuple(w_long.shape)}, {weights_mib:.0f} MiB")
+assert weights_mib == 32
+del w_long
+
+
+def forward_step(module):
+    def step():
+        with torch.no_grad():
+            module(x_long, x_long, x_long)
+    return step
+
+
+peaks = {name: bench.peak_memory(forward_step(m), device)
+         for name, m in [("teaching", teaching_small), ("efficient", efficient_small)]}
+for name, peak in peaks.items():
+    if peak is not None:
+        print(f"{name:9s}: forward peak {peak / 2**20:6.1f} MiB")
+if peaks["teaching"] is not None:
+    assert peaks["teaching"] > 2 * 32 * 2**20 > 10 * peaks["efficient"]
+
+# %% [markdown]
+# The teaching module's forward pass needs a few copies of the weights at once (scores, the
+# softmax, and the masked weights); the efficient one a few MiB. (The exact numbers depend
+# on the device, hence no stored output above; the asserts hold everywhere.)
+#
+# ## 6. Time and memory against length
+#
+# `mha_lib.bench.run_benchmark` times a training step (forward and backward) of each module at
+# several lengths, and measures its peak memory. It warms every variant up, then times them in
+# turn (round robin), several times, and reports the median, so that a busy moment of your
+# machine hits all variants alike. Here: the teaching module, the efficient one, and PyTorch's
+# `nn.MultiheadAttention` with `need_weights=False` as the reference, at `L = 128 … 1024`.
+# Timings vary from run to run; the plot is not compared by the tests, the asserts below are.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lengths = [128, 256, 512, 1024]
+results = bench.run_benchmark(lengths, batch=1, d_model=128, num_heads=8, device=device, repeats=3,
+                              min_time=0.01, modes=["fwd+bwd"], variants=["teaching", "efficient", "nn.MHA"])
+print(bench.format_table(results))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def series(variant, field):
+    return [getattr(r, field) for r in results if r.variant == variant]
+
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+styles = {"teaching": "o-", "efficient": "o-", "nn.MHA": "s--"}  # efficient and nn.MHA may overlap
+for variant, style in styles.items():
+    axes[0].plot(lengths, [1e3 * s for s in series(variant, "seconds")], style, label=variant)
+    if series(variant, "peak_bytes")[0] is not None:
+        axes[1].plot(lengths, [b / 2**20 for b in series(variant, "peak_bytes")], style, label=variant)
+if series("efficient", "peak_bytes")[0] is not None:
+    first = series("efficient", "peak_bytes")[0] / 2**20
+    axes[1].plot(lengths, [first * n / lengths[0] for n in lengths], "k--", lw=1, label="∝ L")
+for ax, ylabel, first in [(axes[0], "ms per training step", 1e3 * series("teaching", "seconds")[0]),
+                          (axes[1], "peak memory rise (MiB)", series("teaching", "peak_bytes")[0])]:
+    if first is None:
+        continue
+    if ax is axes[1]:
+        first = first / 2**20
+    ax.plot(lengths, [first * (n / lengths[0]) ** 2 for n in lengths], "k:", label="∝ L²")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel=ylabel)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+axes[0].set_title("Time: forward + backward")
+axes[1].set_title("Memory: forward + backward")
+fig.suptitle(f"B = 1, d_model = 128, H = 8, on {device.type}")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# On a log-log plot a power law is a straight line, and its slope is the power. The teaching
+# module's memory follows the `L²` guide: every doubling of `L` multiplies it by about 4. The
+# fused kernel's memory grows like `L` (its inputs, outputs and gradients are `L × d_model`).
+# Time grows like `L²` for every variant once `L` is large, because every query still meets
+# every key; the fused kernels do the same arithmetic with far less memory traffic.
+# Let us check the slopes:
+
+# %%
+def slope(values):
+    """Least-squares slope of log(value) against log(L) over the last three lengths."""
+    xs, ys = [math.log(n) for n in lengths[-3:]], [math.log(v) for v in values[-3:]]
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    return sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+
+
+if series("teaching", "peak_bytes")[0] is not None:
+    teaching_slope, efficient_slope = slope(series("teaching", "peak_bytes")), slope(series("efficient", "peak_bytes"))
+    assert 1.7 < teaching_slope < 2.3, teaching_slope
+    assert efficient_slope < 1.4, efficient_slope
+    print("memory grows like L^2 for the teaching module and like L for the efficient one:", True)
+
+# %% [markdown]
+# ## 7. How flash attention avoids the `L × L` matrix
+#
+# Flash attention splits Q into blocks of rows and K, V into blocks of rows too. It loads one
+# block of queries into fast on-chip memory and streams the blocks of K and V past it: for
+# each pair it computes a small tile of scores, uses it at once, and throws it away. The full
+# `L × L` matrix never exists, in any memory. The catch is the softmax, which divides by a
+# sum over **all** keys, a sum that is not known until the last block has been seen. The
+# answer is the **online softmax**: for every query keep a running maximum `m` of the scores
+# seen so far, a running sum `l` of `exp(score − m)`, and a running output `o`, the weighted
+# sum of the values, with the weights not yet divided by `l`. When a new block raises the
+# maximum from `m` to `m'`, everything summed so far is rescaled by `exp(m − m')`; at the end,
+# `o / l` is exactly softmax-weighted attention. Only `L × d` numbers are stored, plus `m` and
+# `l` (the backward pass recomputes the tiles instead of storing them). The picture shows one
+# block of queries meeting the third block of keys and values.
+
+# %%
+fig, ax = plt.subplots(figsize=(11, 5.2))
+n_blocks, size = 4, 1.0  # 4 blocks of queries, 4 blocks of keys/values
+grid_x, grid_y = 2.0, 1.0  # lower-left corner of the L x L score grid
+row, col = 1, 2  # the tile being computed: query block 1, key block 2 (from the top, from the left)
+
+def tile(x0, y0, w, h, color, text="", alpha=1.0, **kw):
+    ax.add_patch(Rectangle((x0, y0), w, h, facecolor=color, edgecolor="black", alpha=alpha, lw=1, **kw))
+    if text:
+        ax.text(x0 + w / 2, y0 + h / 2, text, ha="center", va="center", fontsize=10)
+
+for i in range(n_blocks):  # Q blocks down the left side, K and V blocks along the top
+    top = grid_y + (n_blocks - 1 - i) * size
+    tile(0.3, top, 0.6, size, "tab:orange" if i == row else "moccasin", f"Q{i + 1}")
+    tile(grid_x + i * size, grid_y + n_blocks * size + 0.15, size, 0.45, "tab:blue" if i == col else "lightsteelblue", f"K{i + 1}")
+    tile(grid_x + i * size, grid_y + n_blocks * size + 0.65, size, 0.45, "tab:green" if i == col else "honeydew", f"V{i + 1}")
+    for j in range(n_blocks):  # the L x L grid: never stored
+        done = i == row and j < col
+        tile(grid_x + j * size, top, size, size, "lightgrey" if done else "white", alpha=0.8, ls="--")
+tile(grid_x + col * size, grid_y + (n_blocks - 1 - row) * size, size, size, "tab:red", alpha=0.85)
+ax.text(grid_x + n_blocks * size / 2, grid_y - 0.75, "L × L scores: one tile at a time, on chip, never stored",
+        ha="center", fontsize=10)
+ax.text(grid_x + 0.5 * size, grid_y + (n_blocks - 1 - row) * size + 0.5, "used,\ndropped", ha="center",
+        va="center", fontsize=8, color="dimgrey")
+y_row = grid_y + (n_blocks - 0.5 - row) * size
+ax.text(grid_x + (col + 0.5) * size, y_row, "S =\nQ2 K3ᵀ/√d", ha="center", va="center", fontsize=8.5)
+ax.add_patch(FancyArrowPatch((grid_x + 0.1, grid_y - 0.2), (grid_x + n_blocks * size - 0.1, grid_y - 0.2),
+                             arrowstyle="->", mutation_scale=14, color="black"))
+ax.text(grid_x + n_blocks * size / 2, grid_y - 0.3, "K, V blocks stream past each Q block, left to right",
+        ha="center", va="top", fontsize=8.5)
+ax.text(0.6, grid_y - 0.2, "Q2 stays\non chip", ha="center", va="top", fontsize=8.5, color="tab:orange")
+
+state_x = grid_x + n_blocks * size + 0.5
+ax.add_patch(FancyArrowPatch((grid_x + n_blocks * size + 0.05, y_row), (state_x - 0.05, y_row),
+                             arrowstyle="->", mutation_scale=14, color="tab:red"))
+ax.text(state_x, y_row + 1.55, "running state of each query in Q2", fontsize=10, weight="bold")
+updates = [
+    ("m' = max(m, rowmax(S))", "running max"),
+    ("l  = exp(m - m')·l + rowsum(exp(S - m'))", "running sum"),
+    ("o  = exp(m - m')·o + exp(S - m') @ V3", "running output"),
+    ("m  = m'", ""),
+    ("after the last block:  output = o / l", ""),
+]
+for n, (formula, note) in enumerate(updates):
+    ax.text(state_x, y_row + 1.05 - 0.45 * n, f"{formula:<41} {note}", fontsize=9.5, family="monospace")
+ax.set(xlim=(0, 12.6), ylim=(0, grid_y + n_blocks * size + 1.25), aspect="equal")
+ax.axis("off")
+ax.set_title("Flash attention: tiles of scores and an online softmax")
+plt.show()
+
+# %% [markdown]
+# ### The online softmax in a few lines
+#
+# Here it is for one query, reading 12 keys and values in blocks of 4, next to the plain
+# version that builds all 12 weights first. We sort the keys by score, so that every new block
+# raises the maximum: the case where the rescaling matters. The printout follows the running
+# max and sum.
+
+# %%
+def online_attention(q, k, v, block=4):
+    """softmax(k q / √d) @ v for one query q (d,), reading k (L, d) and v (L, d_v) block by block."""
+    m = torch.tensor(float("-inf"))  # running max of the scores seen so far
+    l = torch.tensor(0.0)            # running sum of exp(score - m)
+    o = torch.zeros(v.size(-1))      # running sum of exp(score - m) * value
+    for start in range(0, k.size(0), block):
+        s = k[start:start + block] @ q / math.sqrt(q.size(-1))  # (block,) scores of this block only
+        m_new = torch.maximum(m, s.max())
+        rescale = torch.exp(m - m_new)  # the old terms were computed against the old max
+        p = torch.exp(s - m_new)        # (block,)
+        l = rescale * l + p.sum()
+        o = rescale * o + p @ v[start:start + block]
+        m = m_new
+        print(f"keys {start:2d}-{start + block - 1:2d}: max so far {m.item():6.3f}, sum so far {l.item():6.3f}")
+    return o / l
+
+
+q1, k12, v12 = torch.randn(8), 2 * torch.randn(12, 8), torch.randn(12, 3)
+k12 = k12[(k12 @ q1).argsort()]  # keys in increasing order of score
+online = online_attention(q1, k12, v12)
+plain = torch.softmax(k12 @ q1 / math.sqrt(8), dim=-1) @ v12
+assert torch.allclose(online, plain, atol=1e-6)
+print("online:", online)
+print("plain: ", plain)
+print("equal (within 1e-6):", torch.allclose(online, plain, atol=1e-6))
+
+# %% [markdown]
+# ## 8. A query that may attend to nothing
+#
+# Chapter 04 showed that a query whose keys are all masked gives `softmax(−∞, …, −∞) = 0/0`,
+# and that `mha_lib` returns zero weights and a zero output for it instead of NaN. In an online
+# softmax the same row fails one step earlier: its running max stays `−∞`, and the rescale
+# factor `exp(m − m') = exp(−∞ − (−∞))` is already NaN.
+
+# %%
+minus_inf = torch.tensor(float("-inf"))
+print("exp(-inf - (-inf)) =", torch.exp(minus_inf - minus_inf).item())
+
+# %% [markdown]
+# PyTorch 2.13's kernels return zeros for such rows on the CPU, but fused GPU kernels have
+# returned NaN for them in some versions (pytorch/pytorch issue #110213). So
+# `EfficientMultiHeadAttention` does not rely on it: it opens such rows for the kernel and sets
+# their output to zero afterwards. Its output there is then `W_o`'s bias, as for the teaching
+# module:
+
+# %%
+blocked = torch.ones(7, 12, dtype=torch.bool, device=device)
+blocked[2] = False  # query 2 may attend to no key
+with torch.no_grad():
+    out_efficient = efficient(query, memory, memory, blocked)
+    out_teaching = mha(query, memory, memory, blocked)
+assert torch.isfinite(out_efficient).all() and torch.allclose(out_efficient, out_teaching, atol=1e-5)
+assert torch.allclose(out_efficient[:, 2], efficient.W_o.bias.expand(4, -1), atol=1e-6)
+print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
+
+# %% [markdown]
+# ## 9. The benchmark: `python -m mha_lib.bench`
+#
+# The measurements of section 6, at full scale and for four implementations, are one command
+# away. From the course's folder, with the virtual environment active (or `.venv/bin/python`):
+#
+# ```bash
+# python -m mha_lib.bench --quick                  # 128, 256, 512 tokens; under a minute on a CPU
+# python -m mha_lib.bench --plot bench.png         # 128 … 4096 tokens, and a plot
+# python -m mha_lib.bench --batch 32 --lengths 100 --repeats 15   # the book's configuration
+# python -m mha_lib.bench --help                   # --device, --dtype, --d-model, --heads, ...
+# ```
+#
+# It compares the teaching module, the efficient one, and `nn.MultiheadAttention` with
+# `need_weights=True` (its default, which returns the weights averaged over the heads) and
+# `need_weights=False`, the baseline of every ratio. It times an inference forward pass and a
+# training step, and reports the peak memory of each. Things to look for in your table:
+#
+# - **memory**: the variants that store weights grow like `L²`, the fused ones like `L`. On a
+#   2-core CPU (shared with other work), a training step at `L = 4096` (`B = 1`) took
+#   1,585 MiB with the teaching module and 75 MiB with the efficient one: under 5 %.
+# - **time**: at the book's configuration (`B = 32, L = 100`) a training step of the efficient
+#   module took 0.7 to 0.8 × the time of `nn.MultiheadAttention(need_weights=False)` on that
+#   CPU; `nn.MultiheadAttention` copies its projections into a new layout before attending.
+#   Most of the time goes into the projections' matrix products, which both do alike.
+# - **`need_weights=True` costs memory**: PyTorch must then materialise the weights, like the
+#   teaching module. In inference mode (`eval()`, no gradients), `nn.MultiheadAttention` takes
+#   a "fast path" of its own, which on the CPU also stored the `L × L` scores in our runs.
+#
+# Run it on your machine: numbers depend on the hardware, and on a GPU the gaps get larger.
+#
+# ## Recap
+#
+# - The teaching module pays for readability twice: three projections instead of one, and a
+#   stored `(B, H, L, L)` weight tensor that grows with `L²`.
+# - **Fused projections**: stacking `W_q, W_k, W_v` into `W_qkv` (`(3·d_model, d_model)`)
+#   computes Q, K and V in one matrix product; `split`, `view` and `transpose` are free views.
+#   Same maths, same numbers up to rounding. Cross-attention uses slices of the same weight.
+# - **Fused attention**: `F.scaled_dot_product_attention` returns the output only and picks a
+#   kernel per device (flash or memory-efficient on GPUs, a flash-style kernel on the CPU).
+#   Its boolean masks mean True = may attend, like the course's.
+# - One copy of the weights for `B = 1, H = 8` in float32 is 32 MiB at 1k tokens, 512 MiB at
+#   4k and 8 GiB at 16k; measured, the teaching module's memory grows like `L²`, the fused
+#   kernel's like `L`.
+# - Flash attention computes the scores tile by tile, on chip, and never stores them; the
+#   online softmax (a running max, a running sum, a rescaled running output) makes that exact.
+# - `mha_lib.EfficientMultiHeadAttention` puts both ideas together: the teaching module's
+#   contract and outputs (checked here and in `tests/test_efficient.py`), its weights via
+#   `from_module`, weights on request by the explicit path, and zero output for queries that
+#   may attend to nothing.
+# - `python -m mha_lib.bench` measures time and memory honestly: warm-up, repetitions in
+#   round robin, medians, peak memory per step.
+#
+# ## Exercises
+#
+# Practise what this chapter built in `exercises/07_efficient_attention.ipynb`; each exercise
+# checks itself and tells you what is wrong. See the README for how to start your own copy.
+#
+# ## What comes next
+#
+# **Chapter 08**, the course's last, takes up the challenge at the end of Priyesh Dave's post:
+# restrict head 0 to the first half of the sequence and head 1 to the second half. It needs a
+# mask per head, of shape `(H, L, L)`, which the teaching module and the efficient one both
+# accept.
