@@ -610,3 +610,155 @@ def test_restricted_attention_check():
         lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)).transpose(1, 2))), "queries were restricted")
     expect_fail(checks.check_restricted_attention(
         lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1))[:, None])), "per sequence instead of per head")
+
+
+# ------------------------------------------------------------------ chapters 06 and 07
+
+
+class Encoder(nn.Module):
+    """A learner-style pre-norm layer, with switches for the classic mistakes."""
+
+    def __init__(self, d_model, num_heads, d_ff, *, mistake=None):
+        super().__init__()
+        self.self_attn = mha_lib.MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.mistake = mistake
+
+    def forward(self, x, mask=None):
+        if self.mistake == "post_norm":
+            x = self.norm1(x + self.self_attn(x, x, x, mask=mask))
+            return self.norm2(x + self.feed_forward(x))
+        h = self.norm1(x)
+        attended = self.self_attn(h, h, h, mask=None if self.mistake == "no_mask" else mask)
+        x = attended if self.mistake == "no_residual" else x + attended
+        norm = self.norm1 if self.mistake == "one_norm" else self.norm2
+        return x + self.feed_forward(norm(x))
+
+
+def test_encoder_layer_check():
+    expect_pass(checks.check_encoder_layer(Encoder))
+    expect_pass(checks.check_encoder_layer(mha_lib.EncoderLayer))  # written differently, with dropout and weights
+    for mistake, words in [("post_norm", "post-norm"), ("no_residual", "no residual"), ("one_norm", "norm1 was used for both"),
+                           ("no_mask", "mask was not passed")]:
+        expect_fail(checks.check_encoder_layer(lambda d, h, f, m=mistake: Encoder(d, h, f, mistake=m)), words)
+
+    class Renamed(nn.Module):
+        def __init__(self, d, h, f):
+            super().__init__()
+            self.attention = mha_lib.MultiHeadAttention(d, h)
+
+    expect_fail(checks.check_encoder_layer(Renamed), "no module attribute self_attn")
+
+
+def ablate_by_hand(mha, x, head):
+    q, k, v = (mha_lib.split_heads(f(x), mha.num_heads) for f in (mha.W_q, mha.W_k, mha.W_v))
+    heads, _ = mha_lib.scaled_dot_product_attention(q, k, v)
+    keep = torch.ones(mha.num_heads, 1, 1, dtype=heads.dtype)
+    keep[head] = 0
+    return mha.W_o(mha_lib.combine_heads(heads * keep))
+
+
+def ablate_with_hook(mha, x, head):
+    def zero(module, args):
+        concat = args[0].clone()
+        concat[..., head * mha.d_k : (head + 1) * mha.d_k] = 0
+        return (concat,)
+
+    handle = mha.W_o.register_forward_pre_hook(zero)
+    try:
+        return mha(x, x, x)
+    finally:
+        handle.remove()
+
+
+def test_head_ablation_check():
+    expect_pass(checks.check_head_ablation(ablate_by_hand))
+    expect_pass(checks.check_head_ablation(ablate_with_hook))
+
+    def after_w_o(mha, x, head):
+        y = mha(x, x, x).clone()
+        y[..., head * mha.d_k : (head + 1) * mha.d_k] = 0
+        return y
+
+    def uses_the_course(mha, x, head):
+        from mha_lib.sentiment import silence_heads
+
+        with silence_heads(mha, [head]):
+            return mha(x, x, x)
+
+    def zeroes_weights(mha, x, head):
+        with torch.no_grad():
+            mha.W_v.weight[head * mha.d_k : (head + 1) * mha.d_k] = 0
+        return mha(x, x, x)
+
+    expect_fail(checks.check_head_ablation(after_w_o), "zeroed after w_o")
+    expect_fail(checks.check_head_ablation(lambda m, x, h: ablate_by_hand(m, x, (h + 1) % 3)), "another head")
+    expect_fail(checks.check_head_ablation(lambda m, x, h: m(x, x, x)), "nothing was silenced")
+    expect_fail(checks.check_head_ablation(uses_the_course), "calls mha_lib.sentiment.silence_heads")
+    expect_fail(checks.check_head_ablation(zeroes_weights), "changed the module's weights")
+
+
+def fuse(mha, order=("W_q", "W_k", "W_v"), bias=True):
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.cat([getattr(mha, n).weight for n in order]))
+        if bias:
+            layer.bias.copy_(torch.cat([getattr(mha, n).bias for n in order]))
+    return layer
+
+
+def fuse_by_state_dict(mha):
+    parts = (mha.W_q, mha.W_k, mha.W_v)
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model)
+    layer.load_state_dict({"weight": torch.cat([p.weight for p in parts]).detach(),
+                           "bias": torch.cat([p.bias for p in parts]).detach()})
+    return layer
+
+
+def test_fused_projection_check():
+    expect_pass(checks.check_fused_projection(fuse))
+    expect_pass(checks.check_fused_projection(fuse_by_state_dict))
+    expect_fail(checks.check_fused_projection(lambda m: fuse(m, ("W_k", "W_q", "W_v"))), "wrong order")
+    expect_fail(checks.check_fused_projection(lambda m: fuse(m, bias=False)), "biases")
+    expect_fail(checks.check_fused_projection(lambda m: torch.cat([m.W_q.weight, m.W_k.weight, m.W_v.weight])),
+                "returned a tensor")
+    expect_fail(checks.check_fused_projection(lambda m: nn.Linear(3 * m.d_model, m.d_model)), "expected nn.linear(8, 24)")
+
+
+def online_attention(q, k, v, block_size, *, rescale=True, normalize=True):
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+    total = torch.zeros_like(m)
+    out = torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype)
+    for start in range(0, k.size(-2), block_size):
+        scores = q @ k[..., start : start + block_size, :].mT / math.sqrt(q.size(-1))
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p = torch.exp(scores - m_new)
+        factor = torch.exp(m - m_new) if rescale else 1.0
+        total = total * factor + p.sum(-1, keepdim=True)
+        out = out * factor + p @ v[..., start : start + block_size, :]
+        m = m_new
+    return out / total if normalize else out
+
+
+def blocks_by_logsumexp(q, k, v, block_size):
+    """Right, written differently: keep the log of the running sum instead of the maximum."""
+    lse, out = None, None
+    for start in range(0, k.size(-2), block_size):
+        s = q @ k[..., start : start + block_size, :].transpose(-2, -1) / q.size(-1) ** 0.5
+        block_lse = torch.logsumexp(s, -1, keepdim=True)
+        block_out = torch.softmax(s, -1) @ v[..., start : start + block_size, :]
+        if lse is None:
+            lse, out = block_lse, block_out
+        else:
+            new = torch.logaddexp(lse, block_lse)
+            out = out * torch.exp(lse - new) + block_out * torch.exp(block_lse - new)
+            lse = new
+    return out
+
+
+def test_blockwise_attention_check():
+    expect_pass(checks.check_blockwise_attention(online_attention))
+    expect_pass(checks.check_blockwise_attention(blocks_by_logsumexp))
+    expect_fail(checks.check_blockwise_attention(lambda *a: online_attention(*a, rescale=False)), "not rescaled")
+    expect_fail(checks.check_blockwise_attention(lambda *a: online_attention(*a, normalize=False)), "never divided")

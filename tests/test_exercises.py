@@ -99,12 +99,18 @@ def test_generator_replaces_code_drops_notes_and_keeps_answers_open():
         "# SOLUTION ONLY",
         "print(f(1))",
         "",
+        "# %%",
+        "# BEGIN SOLUTION",
+        "print(f(2))",
+        "# END SOLUTION",
+        "",
     ])
     exercise = make_exercise(solution)
     assert "Intro" in exercise and "Only in the solutions" not in exercise and "model answer" not in exercise
     assert "*Your answer here" in exercise
     assert "    raise NotImplementedError  # your code here" in exercise and "2 * x" not in exercise
     assert "print(f(1))" not in exercise
+    assert "print(f(2))" not in exercise and "\n# your code here\n" in exercise  # an open task: no raise
 
 
 @pytest.mark.parametrize("lines", [

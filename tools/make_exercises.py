@@ -6,7 +6,10 @@
 Markers in a solution (py:percent) script:
 
 - code: the lines between ``# BEGIN SOLUTION`` and ``# END SOLUTION`` become
-  ``raise NotImplementedError  # your code here`` at the marker's indentation;
+  ``raise NotImplementedError  # your code here`` at the marker's indentation (inside a
+  function or class); at the top level of a cell (an open task without a check, whose
+  results no later cell uses) they become the comment ``# your code here``, so that
+  the untouched exercise still runs top to bottom;
 - markdown: the lines between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->``
   are left out (notes for the solutions only);
 - markdown: the lines between ``<!-- BEGIN ANSWER -->`` and ``<!-- END ANSWER -->`` (a
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
 
 STUB = "raise NotImplementedError  # your code here"
+TOP_LEVEL_STUB = "# your code here"
 ANSWER = "# *Your answer here (double-click this cell to edit it).*"
 _CODE_BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION\s*$")
 _CODE_END = re.compile(r"^\s*# END SOLUTION\s*$")
@@ -62,7 +66,8 @@ def make_exercise(solution: str, name: str = "solution") -> str:
             if open_marker:
                 raise MarkerError(f"{name}:{number}: BEGIN SOLUTION inside an open {open_marker[0]} block")
             open_marker = ("code", number)
-            out.append(begin.group(1) + STUB)
+            indent = begin.group(1)
+            out.append(indent + STUB if indent else TOP_LEVEL_STUB)
         elif _CODE_END.match(line):
             if not open_marker or open_marker[0] != "code":
                 raise MarkerError(f"{name}:{number}: END SOLUTION without a BEGIN SOLUTION")

@@ -28,6 +28,7 @@ from .heads import (
     check_self_attention,
     check_split_heads,
 )
+from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .restrict import check_halves_mask, check_restricted_attention
 
@@ -36,12 +37,16 @@ __all__ = [
     "check_attention_head",
     "check_attention_scores",
     "check_attn_mask_for_torch",
+    "check_blockwise_attention",
     "check_causal_mask",
     "check_causal_padding_mask",
     "check_combine_heads",
     "check_copy_to_torch",
     "check_cross_attention",
+    "check_encoder_layer",
+    "check_fused_projection",
     "check_halves_mask",
+    "check_head_ablation",
     "check_key_padding_mask_for_torch",
     "check_masked_attention",
     "check_multi_head_attention",

@@ -146,8 +146,18 @@ class _ForbiddenCallWatcher:
     """Notice whether the learner's code calls one of the course's own answers."""
 
     def __init__(self, forbidden: Iterable[Callable[..., Any]]) -> None:
-        self.codes = {f.__code__: f"{f.__module__.split('.')[0]}.{f.__qualname__}" for f in forbidden}
+        self.codes = {f.__code__: self._name(f) for f in forbidden}
         self.called: str | None = None
+
+    @staticmethod
+    def _name(f: Callable[..., Any]) -> str:
+        """``mha_lib.causal_mask`` when the package exports it, else its full module path."""
+        top = f.__module__.split(".")[0]
+        name = f.__qualname__.split(".")[0]
+        exported = getattr(sys.modules.get(top), name, None)
+        if exported is f or getattr(exported, "forward", None) is f or getattr(exported, "__wrapped__", None) is f:
+            return f"{top}.{f.__qualname__}"
+        return f"{f.__module__}.{f.__qualname__}"
 
     def __enter__(self) -> _ForbiddenCallWatcher:
         self.previous = sys.getprofile()

@@ -1,0 +1,186 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 08 · Restricting each head to half of the sequence
+#
+#
+# The "Try it yourself" of the source post, in three parts:
+#
+# 1. build the mask and run restricted multi-head attention (two checks);
+# 2. compare it with the unrestricted module on the post's tiny configuration and on a longer
+#    sentence: per-head maps, output differences, what each head's output is made of;
+# 3. retrain chapter 06's sentiment model with restricted heads and measure what it costs when
+#    "not" and the sentiment word fall in different halves.
+#
+# Then write what changed and what it suggests about the role of heads. Cells marked *your
+# code here* have no check: compute what the text asks for, then compare with the solutions.
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything, split_heads
+from mha_lib.checks import check_halves_mask, check_restricted_attention
+
+device = get_device()
+seed_everything(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+
+# %% [markdown]
+# ## Part 1 · The restriction
+#
+# ### Exercise 8.1 · The halves mask
+#
+# Write `halves_mask(seq_len)` returning a boolean mask of shape `(2, L, L)`, True = may attend:
+# for **every** query, head 0 may attend to the keys `[0, L // 2)` and head 1 to the keys
+# `[L // 2, L)`. (For odd `L` the middle key belongs to head 1.)
+#
+# <details><summary>Hint 1</summary>
+#
+# Which keys are in the first half is one comparison: `torch.arange(seq_len) < seq_len // 2`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Restrict the **keys**, the last axis: `mask[0, :, :L // 2] = True` gives every query of head 0
+# the first half.
+# </details>
+
+# %%
+def halves_mask(seq_len):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_halves_mask(halves_mask)
+
+# %% [markdown]
+# ### Exercise 8.2 · Restricted multi-head attention
+#
+# Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
+# two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
+# head 1 to the second. Return `(output, weights)`.
+#
+# <details><summary>Hint</summary>
+#
+# Chapter 08 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
+# would silently restrict *sequences* instead of heads. Mind the device of the mask.
+# </details>
+
+# %%
+def restricted_attention(mha, x):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_restricted_attention(restricted_attention)
+
+# %% [markdown]
+# ## Part 2 · What the restriction changes
+#
+# The source post's tiny configuration: a batch of 2 sequences of 4 tokens, embeddings of 8,
+# 2 heads. The two modules below share their weights; only the mask differs.
+
+# %%
+seed_everything(0)
+mha = MultiHeadAttention(d_model=8, num_heads=2).to(device).eval()
+x = torch.randn(2, 4, 8).to(device)
+
+# %% [markdown]
+# ### 2.1 · The per-head maps, side by side
+#
+# Run the module with and without the restriction (`return_weights=True`) and plot, for the
+# first sequence, the four maps: head 0 and head 1, unrestricted and restricted. How much of each
+# head's attention did the restriction take away (the weight that used to fall on the other half)?
+
+# %%
+# your code here
+
+# %% [markdown]
+# ### 2.2 · The output difference, per position and per head
+#
+# Compute each head's output *before* `W_o` (hint: `split_heads` of the module's concatenated
+# heads, or rebuild it from `weights` and the projected values), with and without the
+# restriction, and print the size of the change (e.g. the norm of the difference) per position
+# and per head; then the change of the final output per position.
+
+# %%
+# your code here
+
+# %% [markdown]
+# ### 2.3 · Head 0 is now a mix of first-half values only
+#
+# Show it two ways: (a) head 0's weights on the second half are exactly zero, and its output
+# equals its weights on the first half times the first half's values; (b) replace the second
+# half's **values** by anything (say, large random numbers), recompute head 0's blend with the
+# same weights, and see that it doesn't move, while head 1's does.
+
+# %%
+# your code here
+
+# %% [markdown]
+# ### 2.4 · A longer sentence
+#
+# Repeat 2.1 on a labelled sentence of 9 words, "the movie was not bad but the ending was",
+# with random embeddings of size 16 and a fresh two-head module: where does each head look
+# before and after, and what happens to the middle word of an odd-length sentence?
+
+# %%
+# your code here
+
+# %% [markdown]
+# ## Part 3 · What it costs a trained model
+#
+# Chapter 06's sentiment model (one encoder layer with two heads, classifying from the `<cls>`
+# token at position 0) learned that "not" flips the sentiment word. Here each sentence is
+# restricted by **its own** length, as the model sees it: with `n` real tokens (`<cls>` included),
+# head 0 may attend to positions `[0, n // 2)` and head 1 to `[n // 2, n)`; padding stays masked.
+#
+# 1. Write `halves_for_batch(tokens)` returning a bool mask `(B, 2, L, L)` for a batch of padded
+#    token ids `(B, L)` (the padding id is `vocab.pad_id`).
+# 2. Train the unrestricted model as in chapter 06, then measure its held-out accuracy in three
+#    groups: plain sentences, negated sentences with "not" and the sentiment word in the **same**
+#    half, and in **different** halves. Then apply the restriction to the trained model without
+#    retraining, and measure again.
+# 3. Retrain with the restriction from the start (a few seeds) and measure again.
+#
+# `mha_lib.sentiment` has what you need: `make_datasets`, `Vocab`, `SentimentClassifier`,
+# `train_model` and `predict`, whose `mask` may be a function of the batch's tokens. An
+# `Example` knows its `tokens`, `negated`, `negation_pos` and `sentiment_pos` (word indices:
+# word `i` sits at position `i + 1`, after `<cls>`).
+
+# %%
+from mha_lib.sentiment import SentimentClassifier, Vocab, make_datasets, predict, train_model
+
+train, test = make_datasets()
+vocab = Vocab.for_task()
+
+# %%
+# your code here
+
+# %%
+# your code here
+
+# %% [markdown]
+# ## Part 4 · What changed, and what it suggests
+#
+# Write a few sentences: what changed in the outputs, and what does this suggest about the role
+# of attention heads? Back each claim with a number you measured above.
+#
+# *Your answer here (double-click this cell to edit it).*
+#
+# ## Done?
+#
+# That was the course's last exercise. Compare with `solutions/08_restricting_heads.ipynb`.

@@ -1,0 +1,284 @@
+"""Checks for chapters 06 and 07: the encoder layer, head ablation, fused projections,
+and attention computed block by block (the idea behind flash attention)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..masks import padding_mask
+from ..multi_head import MultiHeadAttention
+from ._core import (
+    CheckResult,
+    call,
+    check_unchanged,
+    cloned,
+    close,
+    diagnose,
+    expect_tensor,
+    fail,
+    gen,
+    randn,
+    run_check,
+    sqrt,
+)
+from .attention import SCALE_HINT, _attend
+from .heads import _set_weights, mha_reference
+
+# ------------------------------------------------------------------ chapter 06
+
+
+def _randomize(module: nn.Module, g: torch.Generator) -> None:
+    """Give every parameter (LayerNorm's too) distinct values, so that a misplaced piece shows."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() > 1:
+                p.copy_(randn(g, *p.shape, scale=p.shape[1] ** -0.5))
+            elif name.endswith("weight"):  # a LayerNorm gain
+                p.copy_(1.0 + randn(g, *p.shape, scale=0.3))
+            else:
+                p.copy_(randn(g, *p.shape, scale=0.2))
+
+
+def check_encoder_layer(cls: Any) -> CheckResult:
+    """Check a pre-norm encoder layer ``cls(d_model, num_heads, d_ff)`` whose ``forward(x,
+    mask=None)`` computes ``x + self_attn(norm1(x))`` then ``x + feed_forward(norm2(x))``,
+    using its attributes ``self_attn`` (a ``MultiHeadAttention``), ``feed_forward``,
+    ``norm1`` and ``norm2``; returns ``(B, L, d_model)``."""
+
+    def body() -> str:
+        g = gen(41)
+        D, H, d_ff = 8, 2, 16
+        layer = call(cls, D, H, d_ff, what=f"your class({D}, {H}, {d_ff})")
+        if not isinstance(layer, nn.Module):
+            raise fail(f"your class({D}, {H}, {d_ff}) is a {type(layer).__name__}, not an nn.Module")
+        parts = {}
+        for name, kind in (("self_attn", nn.Module), ("feed_forward", nn.Module), ("norm1", nn.LayerNorm),
+                           ("norm2", nn.LayerNorm)):
+            part = getattr(layer, name, None)
+            if not isinstance(part, kind):
+                raise fail(f"your layer has no {kind.__name__} attribute {name}",
+                           "Keep the __init__ of the exercise as it is; write only forward.")
+            parts[name] = part
+        layer = layer.double().eval()
+        _randomize(layer, g)
+        attn, ff, n1, n2 = parts["self_attn"], parts["feed_forward"], parts["norm1"], parts["norm2"]
+
+        def sa(h: Tensor, mask: Tensor | None) -> Tensor:
+            return attn(h, h, h, mask=mask)
+
+        def right(x: Tensor, mask: Tensor | None) -> Tensor:
+            x = x + sa(n1(x), mask)
+            return x + ff(n2(x))
+
+        x = randn(g, 2, 5, D)
+        cases = [(x, None, "no mask"), (x, padding_mask([5, 3]), "a padding mask (B, 1, 1, L)")]
+        for x, mask, label in cases:
+            (arg,) = cloned(x)
+            kwargs = {} if mask is None else {"mask": mask}
+            with torch.no_grad():
+                out = call(layer, arg, **kwargs, what="your forward")
+                check_unchanged(["x"], [x], [arg], "your forward")
+                if isinstance(out, (tuple, list)) and len(out) == 2:
+                    out = out[0]
+                out = expect_tensor(out, "the output", x.shape, explain=" (B, L, d_model)")
+                if close(out, right(x, mask)):
+                    continue
+
+                def post_norm() -> Tensor:
+                    y = n1(x + sa(x, mask))
+                    return n2(y + ff(y))
+
+                def residual_from_normalized() -> Tensor:
+                    h = n1(x)
+                    y = h + sa(h, mask)
+                    h2 = n2(y)
+                    return h2 + ff(h2)
+
+                def no_attention_residual() -> Tensor:
+                    y = sa(n1(x), mask)
+                    return y + ff(n2(y))
+
+                def no_ff_residual() -> Tensor:
+                    return ff(n2(x + sa(n1(x), mask)))
+
+                def one_norm() -> Tensor:
+                    y = x + sa(n1(x), mask)
+                    return y + ff(n1(y))
+
+                def no_mask() -> Tensor:
+                    return right(x, None)
+
+                raise diagnose(out, [
+                    ("the post-norm order (normalize after adding)", post_norm,
+                     "This layer is pre-norm: normalize the input of each sublayer, x + self_attn(norm1(x)), "
+                     "and leave the residual path un-normalized."),
+                    ("the residual starts from the normalized input", residual_from_normalized,
+                     "Add the sublayer's output to x itself, not to norm1(x): x = x + self_attn(norm1(x))."),
+                    ("the attention sublayer has no residual connection", no_attention_residual,
+                     "Add the input back: x = x + self_attn(...)."),
+                    ("the feed-forward sublayer has no residual connection", no_ff_residual,
+                     "Add the input back: x = x + feed_forward(norm2(x))."),
+                    ("norm1 was used for both sublayers", one_norm,
+                     "Each sublayer has its own LayerNorm: norm2 before the feed-forward network."),
+                    ("the mask was not passed to the attention", no_mask,
+                     "Pass the mask on: self_attn(h, h, h, mask=mask)."),
+                ], f"wrong output with {label}",
+                    "Pre-norm: x = x + self_attn(h, h, h, mask) with h = norm1(x); then x = x + feed_forward(norm2(x)).")
+        return "correct, with and without a padding mask"
+
+    return run_check("EncoderLayer", body)
+
+
+def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(mha, x, head) -> output``: self-attention of ``x (B, L, d_model)``
+    through ``mha`` with head ``head``'s output set to zero just before ``W_o``."""
+
+    def body() -> str:
+        from .. import sentiment  # the course's own answer lives there
+
+        g = gen(42)
+        D, H = 12, 3
+        mha = MultiHeadAttention(D, H).double().eval()
+        w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, g)
+        x = randn(g, 2, 5, D)
+        d_k = D // H
+
+        def silenced(h: int) -> Tensor:
+            concat = mha_reference(w, x, x, x, None, H, out_proj=False)  # (B, L, D) before W_o
+            concat = concat.clone()
+            concat[..., h * d_k:(h + 1) * d_k] = 0
+            return concat @ w["W_o"][0].T + w["W_o"][1]
+
+        for head in range(H):
+            (arg,) = cloned(x)
+            before = {n: p.detach().clone() for n, p in mha.named_parameters()}
+            with torch.no_grad():
+                out = call(fn, mha, arg, head, what=f"your function (head={head})",
+                           forbidden=[sentiment.silence_heads.__wrapped__])
+            check_unchanged(["x"], [x], [arg], "your function")
+            if any(not torch.equal(p, before[n]) for n, p in mha.named_parameters()):
+                raise fail("your function changed the module's weights",
+                           "Silence the head on the way through (zero its slice of the concatenated heads), "
+                           "leaving the weights as they are.")
+            if isinstance(out, (tuple, list)) and len(out) == 2:
+                out = out[0]
+            out = expect_tensor(out, f"the output for head={head}", x.shape, explain=" (B, L, d_model)")
+            if not close(out, silenced(head)):
+                full = mha_reference(w, x, x, x, None, H)
+
+                def zero_after_w_o() -> Tensor:
+                    y = full.clone()
+                    y[..., head * d_k:(head + 1) * d_k] = 0
+                    return y
+
+                others = [silenced(h) for h in range(H) if h != head]
+                raise diagnose(out, [
+                    ("nothing was silenced", lambda: full, "Zero head h's features [h*d_k, (h+1)*d_k) before W_o."),
+                    ("the slice was zeroed after W_o", zero_after_w_o,
+                     "W_o mixes the heads: zero the head's slice *before* the output projection."),
+                    ("another head was silenced", lambda: others, "Head h owns the features [h*d_k, (h+1)*d_k)."),
+                ], f"wrong output for head={head}",
+                    "Run the module's steps yourself (or use a forward pre-hook on W_o) and zero the head's slice "
+                    "of the concatenated heads before W_o.")
+        return f"correct for each of the {H} heads"
+
+    return run_check("head ablation", body)
+
+
+# ------------------------------------------------------------------ chapter 07
+
+
+def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
+    """Check ``fn(mha) -> nn.Linear(d_model, 3 * d_model)`` whose output, cut into three
+    along the last axis, is ``(W_q(x), W_k(x), W_v(x))``."""
+
+    def body() -> str:
+        for D, H, seed in [(8, 2, 51), (12, 3, 52)]:
+            mha = MultiHeadAttention(D, H).double().eval()
+            w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, gen(seed))
+            fused = call(fn, mha, what="your function")
+            if isinstance(fused, Tensor):
+                raise fail("your function returned a tensor; expected an nn.Linear(d_model, 3 * d_model)",
+                           "Create the layer, then copy the stacked weights and biases into it.")
+            if not isinstance(fused, nn.Linear):
+                raise fail(f"your function returned a {type(fused).__name__}; expected an nn.Linear")
+            if (fused.in_features, fused.out_features) != (D, 3 * D):
+                raise fail(f"the layer is nn.Linear({fused.in_features}, {fused.out_features}), "
+                           f"expected nn.Linear({D}, {3 * D})")
+            x = randn(gen(seed + 1), 2, 4, D)
+            with torch.no_grad():
+                y = fused.double()(x)  # (B, L, 3D)
+            q, k, v = (x @ w[n][0].T + w[n][1] for n in ("W_q", "W_k", "W_v"))
+            if not close(y, torch.cat([q, k, v], dim=-1)):
+                chunks = y.split(D, dim=-1)
+                wb = fused.bias is None or not close(fused.bias.double(), torch.cat([w[n][1] for n in ("W_q", "W_k", "W_v")]))
+                if {i for i, c in enumerate(chunks) for t in (q, k, v) if close(c, t)} == {0, 1, 2}:
+                    raise fail("the three projections are in the wrong order",
+                               "Stack them as queries, keys, values: torch.cat([W_q.weight, W_k.weight, W_v.weight]).")
+                nobias = [x @ w[n][0].T for n in ("W_q", "W_k", "W_v")]
+                if wb and close(y, torch.cat(nobias, dim=-1) + (0 if fused.bias is None else fused.bias.double())):
+                    raise fail("the weights are right but the biases are not",
+                               "Stack the biases too: torch.cat([W_q.bias, W_k.bias, W_v.bias]).")
+                raise fail("the fused output doesn't equal (W_q(x), W_k(x), W_v(x))",
+                           "nn.Linear.weight is (out_features, in_features): stack the three weights along dim 0.")
+        return "its output is (W_q(x), W_k(x), W_v(x)) for 2 configurations"
+
+    return run_check("fused projection", body)
+
+
+def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(query, key, value, block_size) -> output``: attention computed one block
+    of ``block_size`` keys at a time with a running maximum and sum (online softmax), equal
+    to ``softmax(QKᵀ/√d_k) V``; query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``,
+    value ``(..., Lk, d_v)``, output ``(..., Lq, d_v)``."""
+
+    def body() -> str:
+        g = gen(61)
+        cases = [((2, 3), 5, 8, 4, 3, 4), ((1,), 4, 10, 8, 5, 3), ((), 3, 7, 4, 4, 7), ((2,), 2, 6, 4, 2, 1)]
+        for batch, Lq, Lk, d_k, d_v, block in cases:
+            q, k, v = randn(g, *batch, Lq, d_k, scale=2.0), randn(g, *batch, Lk, d_k, scale=2.0), randn(g, *batch, Lk, d_v)
+            args = cloned(q, k, v)
+            out = call(fn, *args, block, what=f"your function (block_size={block})")
+            check_unchanged(["query", "key", "value"], [q, k, v], args, "your function")
+            if isinstance(out, (tuple, list)) and len(out) == 2:
+                out = out[0]
+            where = f"for Lk={Lk} keys in blocks of {block}"
+            out = expect_tensor(out, f"the output {where}", (*batch, Lq, d_v), explain=" (..., Lq, d_v)")
+            if close(out, _attend(q, k, v)[0]):
+                continue
+
+            def online(rescale: bool = True, normalize: bool = True, scale: float | None = None) -> Tensor:
+                s = sqrt(d_k) if scale is None else scale
+                m = torch.full((*batch, Lq, 1), float("-inf"), dtype=torch.float64)
+                total = torch.zeros(*batch, Lq, 1, dtype=torch.float64)
+                acc = torch.zeros(*batch, Lq, d_v, dtype=torch.float64)
+                for start in range(0, Lk, block):
+                    scores = q @ k[..., start:start + block, :].transpose(-2, -1) / s
+                    m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+                    p = torch.exp(scores - m_new)
+                    factor = torch.exp(m - m_new) if rescale else torch.ones_like(m)
+                    total = total * factor + p.sum(-1, keepdim=True)
+                    acc = acc * factor + p @ v[..., start:start + block, :]
+                    m = m_new
+                return acc / total if normalize else acc
+
+            raise diagnose(out, [
+                ("the running sum and output were not rescaled when the maximum grew", lambda: online(rescale=False),
+                 "When a block raises the running maximum from m to m_new, multiply the running sum and the "
+                 "running output by exp(m - m_new) before adding the new block."),
+                ("the output was never divided by the running sum", lambda: online(normalize=False),
+                 "At the end, divide the accumulated output by the accumulated sum of exponentials."),
+                ("the scores were not scaled", lambda: online(scale=1.0), SCALE_HINT),
+                ("only the last block was used", lambda: _attend(q, k[..., (Lk - 1) // block * block:, :],
+                                                                 v[..., (Lk - 1) // block * block:, :])[0],
+                 "Accumulate over every block; a loop that overwrites instead of adding keeps only the last one."),
+            ], f"wrong output {where}",
+                "Keep, per query, a running maximum m, a running sum l of exp(score - m) and a running output; "
+                "rescale both by exp(m_old - m_new) when m grows; divide by l at the end.")
+        return f"equals softmax attention on {len(cases)} cases (blocks that don't divide Lk included)"
+
+    return run_check("blockwise attention", body)
