@@ -116,14 +116,14 @@ for word, score in zip(words, scores.tolist()):
 # The picture: the query is the black arrow; keys pointing its way get high scores.
 
 # %%
-fig, ax = plt.subplots(figsize=(4.2, 4.2))
+fig, ax = plt.subplots(figsize=(5, 4.2))
 for word, k, s in zip(words, keys, scores):
     ax.annotate("", xy=k.tolist(), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="tab:blue"))
     dx = -0.32 if word == "bus" else 0.03  # keep the bus label clear of the car arrow
     ax.text(k[0] + dx, k[1] + 0.03, f"{word} ({s:.2f})", color="tab:blue")
 ax.annotate("", xy=query.tolist(), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="black", lw=2))
 ax.text(query[0] + 0.03, query[1] - 0.1, "query: kitten")
-ax.set(xlim=(-0.3, 1.4), ylim=(-0.3, 1.2), xlabel="animal-like", ylabel="vehicle-like",
+ax.set(xlim=(-0.6, 1.4), ylim=(-0.3, 1.2), xlabel="animal-like", ylabel="vehicle-like",
        title="Dot-product scores (in brackets)")
 ax.axhline(0, color="grey", lw=0.5)
 ax.axvline(0, color="grey", lw=0.5)
