@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib
 import pytest
 import torch
+from torch import nn
 
 matplotlib.use("Agg")  # no windows during tests
 
@@ -33,3 +34,16 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def load_into_torch_mha(ours: nn.Module, theirs: nn.MultiheadAttention) -> None:
+    """Copy a mha_lib.MultiHeadAttention's W_q, W_k, W_v, W_o into an nn.MultiheadAttention.
+
+    PyTorch keeps W_q, W_k, W_v stacked in one (3 * d_model, d_model) in_proj_weight.
+    """
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
+        theirs.out_proj.weight.copy_(ours.W_o.weight)
+        if ours.W_q.bias is not None:
+            theirs.in_proj_bias.copy_(torch.cat([ours.W_q.bias, ours.W_k.bias, ours.W_v.bias]))
+            theirs.out_proj.bias.copy_(ours.W_o.bias)

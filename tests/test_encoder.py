@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TOLERANCES
+from conftest import TOLERANCES, load_into_torch_mha
 from mha_lib import EncoderLayer, causal_mask, padding_mask
 
 
@@ -21,12 +21,8 @@ def twin_layers(d_model, num_heads, d_ff, dtype, device):
     for norm in (ours.norm1, ours.norm2):
         nn.init.normal_(norm.weight, 1.0, 0.2)
         nn.init.normal_(norm.bias, 0.0, 0.2)
-    attn = ours.self_attn
+    load_into_torch_mha(ours.self_attn, theirs.self_attn)
     with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(torch.cat([attn.W_q.weight, attn.W_k.weight, attn.W_v.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.W_q.bias, attn.W_k.bias, attn.W_v.bias]))
-        theirs.self_attn.out_proj.weight.copy_(attn.W_o.weight)
-        theirs.self_attn.out_proj.bias.copy_(attn.W_o.bias)
         theirs.linear1.load_state_dict(ours.feed_forward[0].state_dict())
         theirs.linear2.load_state_dict(ours.feed_forward[3].state_dict())
         theirs.norm1.load_state_dict(ours.norm1.state_dict())

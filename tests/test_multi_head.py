@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TOLERANCES
+from conftest import TOLERANCES, load_into_torch_mha
 from mha_lib import MultiHeadAttention, causal_mask, padding_mask
 
 
@@ -14,13 +14,7 @@ def twin_modules(d_model, num_heads, dtype, device, bias=True):
     """Our module and PyTorch's, holding the same weights."""
     ours = MultiHeadAttention(d_model, num_heads, bias=bias).to(dtype=torch.float64)
     torch_mha = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        # PyTorch keeps W_q, W_k, W_v stacked in one (3 * d_model, d_model) matrix.
-        torch_mha.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
-        torch_mha.out_proj.weight.copy_(ours.W_o.weight)
-        if bias:
-            torch_mha.in_proj_bias.copy_(torch.cat([ours.W_q.bias, ours.W_k.bias, ours.W_v.bias]))
-            torch_mha.out_proj.bias.copy_(ours.W_o.bias)
+    load_into_torch_mha(ours, torch_mha)
     return ours.to(device, dtype).eval(), torch_mha.to(device, dtype).eval()
 
 
