@@ -194,11 +194,13 @@ print(outputs)
 # as labels.
 
 # %%
-plot_attention(weights, query_words, words, title="Who attends to whom (unscaled scores)")
+plot_attention(weights, query_words, words, title="Who attends to whom (unscaled scores)", vmax=1)
 plt.show()
 
 # %% [markdown]
-# The weights are rather flat: "truck" still gives a third of its attention to animals.
+# The colour scale runs from 0 to 1 (`vmax=1`), so a pale map means flat weights. And they
+# are rather flat: no weight is above 0.37, and "truck" still gives a third of its attention
+# to animals.
 # With such short vectors the scores are small. Real models use vectors of 64 numbers per head
 # or more, and then the opposite problem appears.
 #
@@ -276,7 +278,10 @@ plt.show()
 # **Padding masks.** Sentences in a batch have different lengths, so the short ones are
 # padded to the length of the longest. No query should attend to the padding.
 # `padding_mask(lengths)` builds that mask with shape `(B, 1, 1, Lk)`: the two 1s let it
-# broadcast over heads (chapter 03) and over queries.
+# broadcast over heads (chapter 03) and over queries. **Broadcasting** is PyTorch's rule for
+# combining tensors of different shapes: line the shapes up from the right, and stretch every
+# axis of size 1 to the other tensor's size (without copying). Against scores
+# `(B, H, Lq, Lk)`, every head and every query of sentence `b` gets the same row of keys.
 
 # %%
 sentences = [["the", "movie", "was", "not", "bad"], ["great", "film", "<pad>", "<pad>", "<pad>"]]
@@ -289,6 +294,9 @@ print(keep[:, 0, 0])
 # The token vectors here are random: meaningful ones come with training (chapter 06). What
 # matters is where the zeros are. Look at the second sentence: no query attends to `<pad>`.
 # (The rows of the padding queries themselves are computed but simply ignored later.)
+# The strong diagonal, here and in the causal map below, has a simple cause: `x` supplies
+# both the queries and the keys, and a random vector matches itself best (chapter 02,
+# section 2 explains why).
 
 # %%
 B, L, d_k = 2, 5, 8
@@ -348,7 +356,10 @@ def attention(query, key, value, mask=None):
 q = torch.randn(2, 3, 4, 8).to(device)
 k = torch.randn(2, 3, 6, 8).to(device)
 v = torch.randn(2, 3, 6, 5).to(device)
-mask = (padding_mask([6, 3], max_len=6) & causal_mask(6)[:4]).to(device)  # (2, 1, 4, 6)
+# Padding: sequence 0 has 6 real keys, sequence 1 has 3 real keys and 3 of padding.
+# Causal: query i may see keys 0 ... i. With 4 queries and 6 keys, that is the first 4 rows
+# of the (6, 6) lower triangle.
+mask = (padding_mask([6, 3]) & causal_mask(6)[:4]).to(device)  # (2, 1, 1, 6) & (4, 6) -> (2, 1, 4, 6)
 
 for name, m in [("no mask", None), ("padding & causal mask", mask)]:
     ours, ours_weights = attention(q, k, v, m)

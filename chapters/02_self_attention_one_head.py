@@ -143,8 +143,9 @@ for d in [4, 16, 64, 256]:
 #
 # - **The scores are symmetric.** $x_i \cdot x_j = x_j \cdot x_i$, so "bad" can never score
 #   "not" higher than "not" scores "bad". But the relation between two words is often one-way.
-# - **There is nothing to learn.** The map is fixed by the embeddings; training could not
-#   teach this attention to look for anything in particular.
+# - **Attention has no parameters of its own.** The map follows from the embeddings
+#   alone. Training could change it only by moving the embeddings, which the rest of the
+#   model uses too; nothing lets this attention learn to look for something in particular.
 
 # %%
 raw_scores = x @ x.transpose(-2, -1) / math.sqrt(d_model)  # (1, L, L)
@@ -269,9 +270,11 @@ except ValueError as error:
 #
 # A projection with one output is a single row vector $w$ of `d_model` numbers, and "1 for
 # *bad*, 0 for the other words" is a system of linear equations $E\,w = e_\text{bad}$ for
-# the embedding table $E$ `(7, 16)`: 7 equations, 16 unknowns. Least squares solves it
-# exactly (on the CPU, where `torch.linalg.lstsq` handles systems with more unknowns than
-# equations).
+# the embedding table $E$ `(7, 16)`: 7 equations, 16 unknowns. We only need *some* $w$ with
+# $E\,w = e_\text{bad}$, and with more unknowns than equations there are infinitely many.
+# Least squares looks for the $w$ with the smallest error $\lVert E\,w - e_\text{bad}\rVert^2$;
+# here that error is 0, and `torch.linalg.lstsq` returns the shortest of the exact solutions
+# (we call it on the CPU, where it handles systems with more unknowns than equations).
 
 # %%
 E = embed.weight.detach().cpu()  # (vocabulary size, d_model)
@@ -441,7 +444,7 @@ assert not same
 # - **Self-attention**: a sequence attends to itself; its tokens supply the queries, the keys
 #   and the values.
 # - Raw embeddings are not enough: each token mostly attends to itself, the scores are
-#   symmetric, and there is nothing to learn.
+#   symmetric, and attention has no parameters of its own.
 # - **Projections** fix that: $Q = XW_q$ (what I look for), $K = XW_k$ (what I offer),
 #   $V = XW_v$ (what I hand over), with shapes `(B, L, d_model) -> (B, L, d_k)` for queries and
 #   keys and `(B, L, d_v)` for values; then $\text{softmax}(QK^\top/\sqrt{d_k})\,V$ gives

@@ -20,8 +20,11 @@
 # query, a key and a value, and each query takes one weighted average of the values.
 # A transformer runs **several heads side by side** on the same input and joins their results:
 #
-# $$\text{MultiHead}(Q, K, V) = \text{Concat}(\text{head}_0, \dots, \text{head}_{H-1})\,W_o,
-# \qquad \text{head}_h = \text{Attention}(Q W_q^{(h)}, K W_k^{(h)}, V W_v^{(h)})$$
+# $$\text{MultiHead}(X_q, X_k, X_v) = \text{Concat}(\text{head}_0, \dots, \text{head}_{H-1})\,W_o,
+# \qquad \text{head}_h = \text{Attention}(X_q W_q^{(h)}, X_k W_k^{(h)}, X_v W_v^{(h)})$$
+#
+# $X_q$, $X_k$ and $X_v$ are the layer's inputs, not yet projected; in self-attention all three
+# are the same $X$. So $X_q W_q^{(h)}$ is head $h$'s queries, what chapter 02 called $Q$.
 #
 # **By the end of this chapter you will be able to**
 #
@@ -32,7 +35,8 @@
 # - compute multi-head attention step by step with plain tensors, shapes printed after each step;
 # - use `mha_lib.MultiHeadAttention`, spot the bug in the book's listing, and prove the module
 #   equals your step-by-step computation;
-# - count its parameters and its cost, and see why 8 heads of 64 cost the same as one head of 512;
+# - count its parameters and its cost, and see why 8 heads of 64 have the same parameters and
+#   the same multiply-adds as one head of 512, but need 8 times the attention-weight memory;
 # - read the attention maps of every head side by side.
 #
 # *Sources.* The spotlights, the detectives, the picture of heads drawing arcs over a sequence
@@ -142,10 +146,14 @@ plt.show()
 
 # %% [markdown]
 # The two heads each give their query's full attention to one token; the single head gives
-# half to each (the thin purple arcs). Now the consequence. Swap A and D: in
-# `D B C A E F`, E's previous token is A and the first token is D. The two-head output, the
-# concatenation `[head 0 | head 1]`, tells the two sentences apart. The single head's output is
-# the *same* blend, half A and half D, for both: it cannot tell which letter answered which question.
+# half to each (the thin purple arcs). Two details of the picture: no arc is drawn from a token
+# to itself, so A, whose previous and first token are both A itself, has no arc; and for B
+# both targets are A, so its one purple arc carries all its weight and is thick.
+#
+# Now the consequence. Swap A and D: in `D B C A E F`, E's previous token is A and the first
+# token is D. The two-head output, the concatenation `[head 0 | head 1]`, tells the two
+# sentences apart. The single head's output is the *same* blend, half A and half D, for both:
+# it cannot tell which letter answered which question.
 
 # %%
 def describe(vector):
@@ -308,8 +316,8 @@ def combine(x: torch.Tensor) -> torch.Tensor:
 y = torch.randn(2, 5, 12).to(device)
 for num_heads in (1, 2, 3, 4, 6, 12):
     assert torch.equal(split(y, num_heads), mha_lib.split_heads(y, num_heads))
-    assert torch.equal(combine(split(y, num_heads).contiguous()), y)
-    assert torch.equal(combine(right_out), mha_lib.combine_heads(right_out))
+    assert torch.equal(combine(split(y, num_heads)), y)
+assert torch.equal(combine(right_out), mha_lib.combine_heads(right_out))
 print("split == mha_lib.split_heads, combine == mha_lib.combine_heads, combine(split(y)) == y")
 
 # %% [markdown]
@@ -319,7 +327,9 @@ print("split == mha_lib.split_heads, combine == mha_lib.combine_heads, combine(s
 # example: a batch of 2 sequences of 4 tokens, embeddings of 8 numbers, 2 heads of 4.
 # The post uses raw `torch.randn(8, 8)` matrices as weights and computes `x @ W`; we use
 # `nn.Linear` layers (which compute `x @ W.T + b`), because the module below is built from them
-# and we want to load these very weights into it.
+# and we want to load these very weights into it. We also keep the post's variable names:
+# `batch_size`, `seq_len`, `embed_dim`, `num_heads` and `head_dim` are the course's
+# `B`, `L`, `d_model`, `H` and `d_k`.
 
 # %%
 batch_size, seq_len, embed_dim, num_heads = 2, 4, 8, 2
@@ -505,13 +515,14 @@ def multiply_adds(B: int, L: int, d_model: int, H: int) -> int:
     return projections + scores_and_blend
 
 
-for H in (8, 1):
-    print(f"H = {H}: {multiply_adds(32, 100, 512, H) / 1e9:.3f} G multiply-adds, "
-          f"{32 * H * 100 * 100 / 1e6:.2f} M attention weights")
+for n_heads in (8, 1):
+    print(f"H = {n_heads}: {multiply_adds(32, 100, 512, n_heads) / 1e9:.3f} G multiply-adds, "
+          f"{32 * n_heads * 100 * 100 / 1e6:.2f} M attention weights")
 
 # %% [markdown]
-# The same parameters and the same arithmetic, but 8 separate views of the sequence instead of
-# one. That trade is why multi-head attention is the default.
+# The same parameters and the same multiply-adds; 8 times the attention-weight memory (2.56 M
+# weights instead of 0.32 M), for 8 separate views of the sequence instead of one. That trade
+# is why multi-head attention is the default.
 #
 # ## 6. Every head's attention map
 #
@@ -525,42 +536,46 @@ embeddings = torch.randn(1, len(sentence), 32).to(device)  # stand-ins for learn
 untrained = MultiHeadAttention(d_model=32, num_heads=4).to(device)
 _, sentence_weights = untrained(embeddings, embeddings, embeddings, return_weights=True)
 print("weights:", tuple(sentence_weights.shape))    # (B, H, L, L)
-plot_attention(sentence_weights[0], sentence, title="4 untrained heads on the same sentence")
+plot_attention(sentence_weights[0], sentence, title="4 untrained heads on the same sentence", vmax=1)
 plt.show()
 
 # %% [markdown]
 # Be honest about what this shows: the heads differ from each other, because each has its own
-# slice of random weights, but their patterns mean nothing yet. They are also rather flat (no
-# weight far above 1/5): random projections of random vectors give small scores. No head
-# "knows" that "not" flips "bad". That takes training: in chapter 06 a small model learns a task with negations,
+# slice of random weights, but their patterns mean nothing yet. They are also rather flat: on
+# a colour scale from 0 to 1, no weight is above about 0.4 (an even spread would be 1/5 = 0.2),
+# because random projections of random vectors give small scores. No head "knows" that "not"
+# flips "bad". That takes training: in chapter 06 a small model learns a task with negations,
 # and we measure heads that specialize and what happens when one is removed.
 #
 # ## 7. H heads side by side
 #
 # One last view, the one in the formula at the top. Head `h` of the module is an ordinary
-# single head, the chapter 02 kind, whose projections are rows `h·d_k` to `(h+1)·d_k − 1` of
-# `W_q`, `W_k` and `W_v` (and of their biases). Splitting the projected tensor is the same as
-# projecting with the slices. And $W_o$ applied to the concatenation is a sum of one term per
-# head, `head_h @ W_o[:, slice_h]ᵀ`, plus the bias: the output projection is where the heads'
-# findings are added up. Both views, checked against the module of section 4:
+# single head, the chapter 02 kind. Its projections $W_q^{(h)}, W_k^{(h)}, W_v^{(h)}$ are
+# columns `h·d_k` to `(h+1)·d_k − 1` of the formula's `(d_model, d_model)` matrices
+# $W_q, W_k, W_v$. `nn.Linear` stores the transpose (chapter 02, section 5), so in code they are
+# *rows* of `W_q.weight`, `W_k.weight` and `W_v.weight` (and those entries of the biases).
+# Splitting the projected tensor is the same as projecting with the slices. And $W_o$ applied
+# to the concatenation is a sum of one term per head, `head_h @ W_o.weight[:, slice_h].T`, plus
+# the bias: the output projection is where the heads' findings are added up. Both views,
+# checked against the module of section 4:
 
 # %%
 per_head, contributions = [], []
 for h in range(num_heads):
-    rows = slice(h * head_dim, (h + 1) * head_dim)
-    q_h = F.linear(x, mha.W_q.weight[rows], mha.W_q.bias[rows])  # (B, L, head_dim)
-    k_h = F.linear(x, mha.W_k.weight[rows], mha.W_k.bias[rows])
-    v_h = F.linear(x, mha.W_v.weight[rows], mha.W_v.bias[rows])
-    head_h, _ = scaled_dot_product_attention(q_h, k_h, v_h)      # one single-head attention
+    slice_h = slice(h * head_dim, (h + 1) * head_dim)  # head h's features
+    q_h = F.linear(x, mha.W_q.weight[slice_h], mha.W_q.bias[slice_h])  # (B, L, head_dim)
+    k_h = F.linear(x, mha.W_k.weight[slice_h], mha.W_k.bias[slice_h])
+    v_h = F.linear(x, mha.W_v.weight[slice_h], mha.W_v.bias[slice_h])
+    head_h, _ = scaled_dot_product_attention(q_h, k_h, v_h)  # one single head
     per_head.append(head_h)
-    contributions.append(head_h @ mha.W_o.weight[:, rows].T)    # (B, L, embed_dim)
+    contributions.append(head_h @ mha.W_o.weight[:, slice_h].T)  # (B, L, embed_dim)
 
 side_by_side = mha.W_o(torch.cat(per_head, dim=-1))              # concatenate, then project
 summed = sum(contributions) + mha.W_o.bias                       # or: add up each head's share
 assert torch.allclose(side_by_side, module_output, atol=1e-6)
 assert torch.allclose(summed, module_output, atol=1e-6)
 print(f"{num_heads} single heads on their weight slices, concatenated, then W_o == the module (within 1e-6)")
-print("sum over heads of head_h @ W_o[:, slice_h].T, plus bias == the module (within 1e-6)")
+print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the module (within 1e-6)")
 
 # %% [markdown]
 # The module is faster than this loop because the split lets one batched matrix product do all
@@ -582,8 +597,10 @@ print("sum over heads of head_h @ W_o[:, slice_h].T, plus bias == the module (wi
 # - The book's listing uses an undefined `self.d_v`; the fix is `d_v = d_k = d_model // H`.
 #   `mha_lib.MultiHeadAttention` is the fixed module, equal to our step-by-step computation.
 # - 8 heads of 64 have the same `4·512² + 4·512 = 1,050,624` parameters and the same
-#   multiply-adds as one head of 512: the same cost, more views.
-# - Each head is a single head on its slice of `W_q`, `W_k`, `W_v`; `W_o` adds up their shares.
+#   multiply-adds as one head of 512, but store 8 times as many attention weights: `H` times
+#   the attention-weight memory, for `H` views.
+# - Each head is a single head on its rows of `W_q.weight`, `W_k.weight`, `W_v.weight`; `W_o`
+#   adds up their shares.
 # - Untrained heads show arbitrary patterns; trained ones specialize (chapter 06).
 #
 # ## Exercises

@@ -138,8 +138,9 @@ print("output:", tuple(out.shape))
 # %% [markdown]
 # Here is what the two heads do with "I loved it" and its three `<pad>` tokens. No query
 # puts any weight on a `<pad>` key: those columns are exactly 0. The `<pad>` *queries* (the
-# last three rows) are computed like any other, from their own random vectors; their outputs
-# are meaningless and whatever comes later (a loss, a pooling) must ignore them.
+# last three rows) are computed like any other. The three rows are identical because every
+# `<pad>` has id 0 and so the same embedding vector. Their outputs are meaningless, and
+# whatever comes later (a loss, a pooling) must ignore them.
 
 # %%
 plot_attention(weights[1], padded[1], title="Padding mask: no query attends to <pad>")
@@ -197,8 +198,8 @@ plt.show()
 #
 # **Proof that the future can't leak.** Change one word, "not" to "very" (position 3 of
 # the first sentence). With the causal mask the outputs at positions 0 to 2 must stay exactly
-# as they were; positions 3 and 4 can see the change and should move. Without the mask, every
-# position sees every other, so everything moves.
+# as they were; positions 3 and 4 can see the change and should move. Without the causal mask
+# (padding mask only), every real position sees every other, so everything moves.
 
 # %%
 ids_changed = ids.clone()
@@ -307,7 +308,9 @@ plt.show()
 # Read the rows: each French word distributes its attention over the English words.
 # Head 0 finds the translation: "chat" looks at "cat" and "noir" at "black", although French
 # puts the adjective after the noun, and "dort" splits its attention between "is" and
-# "sleeping". Head 1 only knows positions, so it gets the swapped pair wrong. That is the
+# "sleeping". Head 1 only knows positions, so it follows the word order, not the meaning:
+# "chat" (second word) looks mostly at "black" (second word), and "noir" (third of four) at
+# "is" (fourth of five), both with 0.58; each gives only 0.35 to "cat". That is the
 # point of having several heads: each one can look for a different relationship, and a
 # trained model learns which ones help. Since $W_v$ and $W_o$ are the identity here, head 0's
 # output for "noir" is the meaning vector of "black": the French word has fetched the
@@ -369,8 +372,10 @@ def fully_masked(mask: torch.Tensor) -> list[tuple[int, ...]]:
 # *A padding query under a causal and padding mask.* With padding at the end (section 2), a
 # `<pad>` query can always see the real tokens before it. But to generate text for a whole
 # batch at once, sentences are usually padded at the **start**, so that they all end at the
-# same position and the next words are written side by side. Then the first query of a short
-# sentence is padding, and causally it may only look at itself, which is padding too.
+# same position and the next words are written side by side. Then a short sentence starts
+# with `<pad>` queries, and causally each of them may only look at itself and the `<pad>`s
+# before it, all blocked by the padding mask: every leading `<pad>` query has nothing to look
+# at. Sentence 1 ("i loved it") has three of them, sentence 0 one.
 
 # %%
 left_keep = padding_mask(lengths).flip(-1)  # padding at the start: (B, 1, 1, L)
@@ -571,7 +576,8 @@ print("-20 + finfo(float16).min =", (torch.tensor(-20.0, dtype=torch.float16) + 
 # %% [markdown]
 # **The course's choice.** `mha_lib` takes **boolean masks** (True = may attend), blocks
 # with **$-\infty$**, and treats fully masked rows explicitly (section 4). $-\infty$ exists in
-# every floating-point dtype, gives blocked keys a weight of exactly 0, and never overflows.
+# float16, bfloat16, float32 and float64, gives blocked keys a weight of exactly 0, and never
+# overflows.
 # And a query that may see nothing gets a zero output and zero gradients: neither NaN,
 # which would poison the whole model, nor a quiet average of the padding, which would hide
 # the bug. `F.scaled_dot_product_attention` takes the same boolean masks; chapter 05

@@ -144,7 +144,10 @@ plt.show()
 #    watching head 0's blend stay the same for a fixed set of weights.
 # 4. **A trained model.** Chapter 06's sentiment model learned to relate "not" to the word it
 #    negates. Retrain it with restricted heads and measure its accuracy on sentences where "not"
-#    and the sentiment word fall in the same half versus different halves.
+#    and the sentiment word fall in the same half versus different halves. In a padded batch the
+#    halves must come from each sentence's **own** length: `halves_mask(L)` of the padded length
+#    would put a short sentence entirely in head 0's half and leave head 1 nothing but padding.
+#    (The model's `<cls>` token sits at position 0, so it always belongs to head 0's half.)
 #
 # Then the written part: a few sentences on what changed and what this suggests about the role
 # of attention heads. The solution notebook has a model answer, backed by its measurements;
@@ -165,7 +168,7 @@ plt.show()
 # - **Chapter 02:** trainable projections turn embeddings into queries, keys and values; attention
 #   alone ignores order.
 # - **Chapter 03:** several heads are the same computation on slices of the features, in one
-#   batched call; the same parameters, more views.
+#   batched call: the parameter count of one wide head, split into several views.
 # - **Chapter 04:** padding and causal masks, cross-attention, and rows with nothing to attend to.
 # - **Chapter 05:** a module is proven against PyTorch's own, to the tolerance its dtype allows.
 # - **Chapter 06:** trained heads specialize, and ablation measures what each one is for.
