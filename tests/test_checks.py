@@ -187,6 +187,21 @@ def test_masked_attention_check():
     expect_fail(checks.check_masked_attention(sdpa), "nan", "every key blocked")
     expect_fail(checks.check_masked_attention(sdpa_einsum), "-1e9", "uniformly")
 
+    def additive_then_nan_to_num(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores + torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+        weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
+        return weights @ v, weights
+
+    expect_fail(checks.check_masked_attention(additive_then_nan_to_num), "gradients of query, key contain nan")
+
+    def detached(q, k, v, mask=None):
+        out, weights = sdpa_safe_where(q, k, v, mask)
+        return out.detach(), weights.detach()
+
+    expect_fail(checks.check_masked_attention(detached), "doesn't depend on query, key and value")
+
 
 def test_attention_scores_check():
     expect_pass(checks.check_attention_scores(lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))))

@@ -17,6 +17,7 @@ from ._core import (
     check_unchanged,
     cloned,
     close,
+    describe_error,
     describe_shapes,
     diagnose,
     expect_tensor,
@@ -150,9 +151,34 @@ def _check_attention(fn: Callable[..., Any], name: str, fully_masked: bool) -> C
                      "The output blends the values: output = weights @ value."),
                 ], f"the weights are right but the output is wrong {where}",
                     "The output is the weighted sum of the values: output = weights @ value.")
+        if fully_masked:
+            _check_finite_gradients(fn, cases[-1])
+            return f"correct on {len(cases)} cases, gradients finite (batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks)"
         return f"correct on {len(cases)} cases (batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks)"
 
     return run_check(name, body)
+
+
+def _check_finite_gradients(fn: Callable[..., Any], case: dict[str, Any]) -> None:
+    """Backpropagate through the learner's attention on a case with fully masked rows."""
+    q, k, v = (t.clone().requires_grad_(True) for t in (case["q"], case["k"], case["v"]))
+    with torch.enable_grad():
+        result = call(fn, q, k, v, mask=case["mask"].clone(), what="your function (with gradients on)")
+        output, _ = unpack_pair(result, "your function", "output", "weights")
+        if not isinstance(output, Tensor) or not output.requires_grad:
+            raise fail("the output doesn't depend on query, key and value through autograd",
+                       "Don't detach tensors or build the output from .item() / NumPy values.")
+        try:
+            output.sum().backward()
+        except Exception as error:  # the learner's graph failed in the backward pass
+            raise describe_error(error, "the backward pass through your function") from None
+    bad = [name for name, t in (("query", q), ("key", k), ("value", v)) if t.grad is not None
+           and not torch.isfinite(t.grad).all()]
+    if bad:
+        raise fail(f"the outputs are right, but the gradients of {', '.join(bad)} contain NaN",
+                   "A softmax over a row of -inf is NaN even if you replace its output afterwards: the "
+                   "backward pass still goes through 0/0. Give fully blocked rows finite scores before "
+                   "the softmax, then zero their weights.")
 
 
 def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> CheckResult:
