@@ -16,15 +16,13 @@
 # %% [markdown]
 # # Exercises · Chapter 01 · Attention from one dot product
 #
+# Four exercises, from a warm-up to the whole of scaled dot-product attention.
 #
-# Four exercises, from a warm-up to the whole of scaled dot-product attention. For each one:
-# read the task, fill in the function where it says `raise NotImplementedError`, run its cell,
-# then run the **check** cell below it. The check runs your code on fresh random inputs and
-# compares it with the right answer; when something is wrong it tells you what, and usually
-# which mistake it looks like. Hints are folded away: click to open them.
-#
-# Work in your own copy (`python -m mha_lib start 01`, see the README), so that updates to the
-# course never overwrite your work.
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=01`, or `.venv/bin/python -m mha_lib start 01`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import math
@@ -66,7 +64,6 @@ def attention_scores(query, key):
 check_attention_scores(attention_scores)
 
 # %% [markdown]
-#
 # ## Exercise 1.2 · A causal mask
 #
 # Write `causal_mask(seq_len)` returning a boolean tensor of shape `(seq_len, seq_len)` in which
@@ -90,14 +87,15 @@ check_causal_mask(causal_mask)
 # %% [markdown]
 # ## Exercise 1.3 · A padding mask
 #
-# A batch holds sequences of different `lengths`, padded to `max_len`. Write
+# A batch holds sequences of different `lengths` (a list of ints), padded to `max_len`. Write
 # `padding_mask(lengths, max_len)` returning a boolean tensor of shape `(B, 1, 1, max_len)`:
 # `mask[b, 0, 0, j]` is `True` for the real tokens (`j < lengths[b]`) and `False` for the padding.
 # The two axes of size 1 let the mask broadcast over heads and queries of scores `(B, H, Lq, Lk)`.
 #
 # <details><summary>Hint 1</summary>
 #
-# Compare the positions `torch.arange(max_len)` with the lengths; broadcasting a `(1, max_len)`
+# Turn the list into a tensor with `torch.as_tensor(lengths)`, then compare the positions
+# `torch.arange(max_len)` with the lengths; broadcasting a `(1, max_len)`
 # tensor against a `(B, 1)` tensor gives `(B, max_len)`.
 # </details>
 # <details><summary>Hint 2</summary>
@@ -147,7 +145,6 @@ def scaled_dot_product_attention(query, key, value, mask=None):
 check_scaled_dot_product_attention(scaled_dot_product_attention)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/01_dot_product_attention.ipynb`, then go on to chapter 02.

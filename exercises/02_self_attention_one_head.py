@@ -16,10 +16,14 @@
 # %% [markdown]
 # # Exercises · Chapter 02 · Self-attention with one head
 #
-#
 # Two exercises: self-attention with given projection matrices, then the same thing as a
-# module with trainable projections. Fill in the code where it says `raise NotImplementedError`,
-# run the cell, then run the **check** below it. Hints are folded away: click to open them.
+# module with trainable projections.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=02`, or `.venv/bin/python -m mha_lib start 02`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import math
@@ -57,7 +61,6 @@ def self_attention(x, W_q, W_k, W_v):
 check_self_attention(self_attention)
 
 # %% [markdown]
-#
 # ## Exercise 2.2 · One attention head as a module
 #
 # Write the class `AttentionHead(d_model, d_k, d_v)`:
@@ -66,7 +69,7 @@ check_self_attention(self_attention)
 #   `self.W_k = nn.Linear(d_model, d_k)`, `self.W_v = nn.Linear(d_model, d_v)`;
 # - `forward(query, key, value, mask=None)`: project `query` with `W_q`, `key` with `W_k` and
 #   `value` with `W_v`, then scaled dot-product attention; return the output `(B, Lq, d_v)`
-#   (returning `(output, weights)` is fine too).
+#   (returning `(output, weights)` is fine too, as the solution does).
 # - For self-attention you will call `head(x, x, x)`; taking three inputs also lets the same head
 #   do cross-attention later (chapter 04).
 # - `mask` (optional) is boolean, broadcastable to `(B, Lq, Lk)`, True = may attend.
@@ -94,7 +97,6 @@ class AttentionHead(nn.Module):
 check_attention_head(AttentionHead)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/02_self_attention_one_head.ipynb`, then go on to chapter 03.

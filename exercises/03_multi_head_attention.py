@@ -16,10 +16,13 @@
 # %% [markdown]
 # # Exercises · Chapter 03 · Multi-head attention
 #
+# Four exercises, from counting parameters to the whole module.
 #
-# Four exercises, from counting parameters to the whole module. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it. Hints are folded
-# away: click to open them.
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=03`, or `.venv/bin/python -m mha_lib start 03`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import math
@@ -56,7 +59,6 @@ def mha_parameter_count(d_model, num_heads, bias=True):
 check_parameter_count(mha_parameter_count)
 
 # %% [markdown]
-#
 # ## Exercise 3.2 · Split into heads
 #
 # Write `split_heads(x, num_heads)`: `(B, L, D) -> (B, H, L, D // H)`, where head `h` receives
@@ -144,7 +146,6 @@ class MultiHeadAttention(nn.Module):
 check_multi_head_attention(MultiHeadAttention)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/03_multi_head_attention.ipynb`, then go on to chapter 04.

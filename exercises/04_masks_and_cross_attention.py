@@ -16,10 +16,14 @@
 # %% [markdown]
 # # Exercises · Chapter 04 · Masks and cross-attention
 #
-#
 # Three exercises: combine two masks, make attention safe for queries that may attend to
-# nothing, and use the multi-head module for cross-attention over a padded source. Fill in the
-# code where it says `raise NotImplementedError`, run the cell, then run the **check** below it.
+# nothing, and use the multi-head module for cross-attention over a padded source.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=04`, or `.venv/bin/python -m mha_lib start 04`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import math
@@ -34,12 +38,13 @@ from mha_lib.checks import check_causal_padding_mask, check_cross_attention, che
 #
 # A decoder sees a batch of padded sequences: each query may attend only to earlier tokens
 # (causal) that are not padding. Write `causal_padding_mask(lengths, seq_len)` returning a boolean
-# mask `(B, 1, L, L)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
+# mask `(B, 1, seq_len, seq_len)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
 # `mha_lib.causal_mask` and `mha_lib.padding_mask`.
 #
 # <details><summary>Hint</summary>
 #
-# `causal_mask(L)` is `(L, L)`, `padding_mask(lengths, L)` is `(B, 1, 1, L)`; `&` broadcasts them.
+# `causal_mask(seq_len)` is `(seq_len, seq_len)`, `padding_mask(lengths, max_len=seq_len)` is
+# `(B, 1, 1, seq_len)`; `&` broadcasts them.
 # </details>
 
 # %%
@@ -53,9 +58,9 @@ check_causal_padding_mask(causal_padding_mask)
 # %% [markdown]
 # ## Exercise 4.2 · Attention that survives a fully masked row
 #
-# With the mask above, the *padding queries* of a left-padded batch, or any query under a
-# restrictive per-head mask, may have no key to attend to. A softmax over a row of `-inf` is
-# `0/0 = NaN`, and the NaN spreads.
+# Some queries may have no key to attend to: the leading padding queries of a *left*-padded batch
+# under a causal mask (chapter 04, section 4), or any query under a restrictive per-head mask. A
+# softmax over a row of `-inf` is `0/0 = NaN`, and the NaN spreads.
 #
 # Write `masked_attention(query, key, value, mask=None)` returning `(output, weights)` like
 # chapter 01's attention, except that a query whose keys are **all** blocked gets all-zero
@@ -80,7 +85,6 @@ def masked_attention(query, key, value, mask=None):
 check_masked_attention(masked_attention)
 
 # %% [markdown]
-#
 # ## Exercise 4.3 · Cross-attention over a padded source
 #
 # In translation, the words being generated (the *target*) attend to the words of the *source*

@@ -16,10 +16,14 @@
 # %% [markdown]
 # # Exercises · Chapter 05 · Checking against PyTorch
 #
-#
 # Three exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
-# kinds of masks to PyTorch's convention, then copy a module's weights. Fill in the code where it
-# says `raise NotImplementedError`, run the cell, then run the **check** below it.
+# kinds of masks to PyTorch's convention, then copy a module's weights.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=05`, or `.venv/bin/python -m mha_lib start 05`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import torch
@@ -97,7 +101,6 @@ def copy_to_torch(mha):
 check_copy_to_torch(copy_to_torch)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/05_checking_against_pytorch.ipynb`, then go on to chapter 06.

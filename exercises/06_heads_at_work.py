@@ -16,10 +16,14 @@
 # %% [markdown]
 # # Exercises · Chapter 06 · Heads at work
 #
-#
 # Two exercises: the forward pass of a pre-norm encoder layer, and head ablation, the tool
-# chapter 06 used to find out what each head is for. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it.
+# chapter 06 used to find out what each head is for.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=06`, or `.venv/bin/python -m mha_lib start 06`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import torch
@@ -62,7 +66,6 @@ class EncoderLayer(nn.Module):
 check_encoder_layer(EncoderLayer)
 
 # %% [markdown]
-#
 # ## Exercise 6.2 · Silence one head
 #
 # To learn what a head is for, switch it off and see what breaks. Write
@@ -90,7 +93,6 @@ def silence_head(mha, x, head):
 check_head_ablation(silence_head)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/06_heads_at_work.ipynb`, then go on to chapter 07.

@@ -16,11 +16,15 @@
 # %% [markdown]
 # # Exercises · Chapter 07 · Efficient attention
 #
-#
 # Two exercises, one per optimisation of chapter 07: fuse the three input projections into
 # one, and compute attention block by block without ever holding the whole `(Lq, Lk)` weight
-# matrix, the idea behind flash attention. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it.
+# matrix, the idea behind flash attention.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=07`, or `.venv/bin/python -m mha_lib start 07`; see the README), so that
+# updates to the course never overwrite your work.
 
 # %%
 import math
@@ -65,9 +69,9 @@ check_fused_projection(fuse_projections)
 #
 # Flash attention never stores the `(Lq, Lk)` weights. It walks over the keys in blocks and keeps,
 # for every query, three running quantities: the largest score seen so far `m`, the sum of
-# `exp(score - m)` so far `l`, and the weighted sum of values so far `acc`. When a new block
+# `exp(score - m)` so far `l`, and the weighted sum of values so far `o`. When a new block
 # raises the maximum from `m` to `m_new`, everything accumulated so far is rescaled by
-# `exp(m - m_new)`; at the end, `acc / l` is exactly `softmax(QKᵀ/√d_k) V`.
+# `exp(m - m_new)`; at the end, `o / l` is exactly `softmax(QKᵀ/√d_k) V`.
 #
 # Write `blockwise_attention(query, key, value, block_size)` that does this (no mask): query
 # `(..., Lq, d_k)`, key `(..., Lk, d_k)`, value `(..., Lk, d_v)`; return the output
@@ -75,14 +79,14 @@ check_fused_projection(fuse_projections)
 #
 # <details><summary>Hint 1</summary>
 #
-# Start with `m = -inf`, `l = 0` and `acc = 0`, of shapes `(..., Lq, 1)`, `(..., Lq, 1)` and
+# Start with `m = -inf`, `l = 0` and `o = 0`, of shapes `(..., Lq, 1)`, `(..., Lq, 1)` and
 # `(..., Lq, d_v)`. Slicing `key[..., start:start + block_size, :]` handles the last, shorter block.
 # </details>
 # <details><summary>Hint 2</summary>
 #
 # For each block: `scores` `(..., Lq, b)`; `m_new = maximum(m, scores.amax(-1, keepdim=True))`;
 # `p = exp(scores - m_new)`; `l = l * exp(m - m_new) + p.sum(-1, keepdim=True)`;
-# `acc = acc * exp(m - m_new) + p @ value_block`.
+# `o = o * exp(m - m_new) + p @ value_block`.
 # </details>
 
 # %%
@@ -94,7 +98,6 @@ def blockwise_attention(query, key, value, block_size):
 check_blockwise_attention(blockwise_attention)
 
 # %% [markdown]
-#
 # ## Done?
 #
 # Compare with `solutions/07_efficient_attention.ipynb`, then go on to chapter 08.

@@ -16,7 +16,6 @@
 # %% [markdown]
 # # Exercises · Chapter 08 · Restricting each head to half of the sequence
 #
-#
 # The "Try it yourself" of the source post, in three parts:
 #
 # 1. build the mask and run restricted multi-head attention (two checks);
@@ -25,8 +24,12 @@
 # 3. retrain chapter 06's sentiment model with restricted heads and measure what it costs when
 #    "not" and the sentiment word fall in different halves.
 #
-# Then write what changed and what it suggests about the role of heads. Cells marked *your
-# code here* have no check: compute what the text asks for, then compare with the solutions.
+# Then write what changed and what it suggests about the role of heads.
+#
+# Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
+# the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
+# compute what the text asks for, then compare with `solutions/08_restricting_heads.ipynb`.
+# Work in your own copy (`make exercise N=08`, or `.venv/bin/python -m mha_lib start 08`).
 
 # %%
 import matplotlib.pyplot as plt
@@ -133,12 +136,16 @@ x = torch.randn(2, 4, 8).to(device)
 # %% [markdown]
 # ### 2.4 · A longer sentence
 #
-# Repeat 2.1 on a labelled sentence of 9 words, "the movie was not bad but the ending was",
-# with random embeddings of size 16 and a fresh two-head module: where does each head look
-# before and after, and what happens to the middle word of an odd-length sentence?
+# Repeat 2.1 on a sentence of 9 words, with the words as the maps' axis labels: "the movie was
+# not bad but the ending was". Use random embeddings of size 16 and a fresh two-head module,
+# both made after `seed_everything(1)`. Which keys does each head keep, which head gets the middle
+# word of this odd-length sentence, and what does that mean for "not" and "bad"?
 
 # %%
 # your code here
+
+# %% [markdown]
+#
 
 # %% [markdown]
 # ## Part 3 · What it costs a trained model
@@ -149,7 +156,9 @@ x = torch.randn(2, 4, 8).to(device)
 # head 0 may attend to positions `[0, n // 2)` and head 1 to `[n // 2, n)`; padding stays masked.
 #
 # 1. Write `halves_for_batch(tokens)` returning a bool mask `(B, 2, L, L)` for a batch of padded
-#    token ids `(B, L)` (the padding id is `vocab.pad_id`).
+#    token ids `(B, L)` (the padding id is `vocab.pad_id`). The halves come from each sentence's
+#    own length, not from the padded `L`: with `halves_mask(L)`, a short sentence would lie
+#    entirely in head 0's half. The padding keys may stay True: the model masks them anyway.
 # 2. Train the unrestricted model as in chapter 06, then measure its held-out accuracy in three
 #    groups: plain sentences, negated sentences with "not" and the sentiment word in the **same**
 #    half, and in **different** halves. Then apply the restriction to the trained model without
@@ -157,7 +166,8 @@ x = torch.randn(2, 4, 8).to(device)
 # 3. Retrain with the restriction from the start (a few seeds) and measure again.
 #
 # `mha_lib.sentiment` has what you need: `make_datasets`, `Vocab`, `SentimentClassifier`,
-# `train_model` and `predict`, whose `mask` may be a function of the batch's tokens. An
+# `train_model(model, train, vocab, mask=..., reports=0)` and `predict(model, examples, vocab,
+# mask=...)`, whose `mask` may be a function of the batch's tokens, like `halves_for_batch`. An
 # `Example` knows its `tokens`, `negated`, `negation_pos` and `sentiment_pos` (word indices:
 # word `i` sits at position `i + 1`, after `<cls>`).
 
@@ -183,4 +193,5 @@ vocab = Vocab.for_task()
 #
 # ## Done?
 #
-# That was the course's last exercise. Compare with `solutions/08_restricting_heads.ipynb`.
+# That was the course's last exercise. Compare your results and your answer with
+# `solutions/08_restricting_heads.ipynb`.

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 01 · Attention from one dot product
+# # Solutions · Chapter 01 · Attention from one dot product
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/01_dot_product_attention.ipynb`:
@@ -22,14 +22,15 @@
 # > Try the exercise first; come here to compare.
 # <!-- END SOLUTION -->
 #
-# Four exercises, from a warm-up to the whole of scaled dot-product attention. For each one:
-# read the task, fill in the function where it says `raise NotImplementedError`, run its cell,
-# then run the **check** cell below it. The check runs your code on fresh random inputs and
-# compares it with the right answer; when something is wrong it tells you what, and usually
-# which mistake it looks like. Hints are folded away: click to open them.
+# Four exercises, from a warm-up to the whole of scaled dot-product attention.
 #
-# Work in your own copy (`python -m mha_lib start 01`, see the README), so that updates to the
-# course never overwrite your work.
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=01`, or `.venv/bin/python -m mha_lib start 01`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import math
@@ -104,14 +105,15 @@ check_causal_mask(causal_mask)
 # %% [markdown]
 # ## Exercise 1.3 · A padding mask
 #
-# A batch holds sequences of different `lengths`, padded to `max_len`. Write
+# A batch holds sequences of different `lengths` (a list of ints), padded to `max_len`. Write
 # `padding_mask(lengths, max_len)` returning a boolean tensor of shape `(B, 1, 1, max_len)`:
 # `mask[b, 0, 0, j]` is `True` for the real tokens (`j < lengths[b]`) and `False` for the padding.
 # The two axes of size 1 let the mask broadcast over heads and queries of scores `(B, H, Lq, Lk)`.
 #
 # <details><summary>Hint 1</summary>
 #
-# Compare the positions `torch.arange(max_len)` with the lengths; broadcasting a `(1, max_len)`
+# Turn the list into a tensor with `torch.as_tensor(lengths)`, then compare the positions
+# `torch.arange(max_len)` with the lengths; broadcasting a `(1, max_len)`
 # tensor against a `(B, 1)` tensor gives `(B, max_len)`.
 # </details>
 # <details><summary>Hint 2</summary>
@@ -177,6 +179,13 @@ check_scaled_dot_product_attention(scaled_dot_product_attention)
 # the underscore) would overwrite the caller's scores.
 # <!-- END SOLUTION -->
 #
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/01_dot_product_attention.ipynb`, then go on to chapter 02.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 02.
+# <!-- END SOLUTION -->

@@ -14,16 +14,22 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 03 · Multi-head attention
+# # Solutions · Chapter 03 · Multi-head attention
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/03_multi_head_attention.ipynb`:
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Four exercises, from counting parameters to the whole module. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it. Hints are folded
-# away: click to open them.
+# Four exercises, from counting parameters to the whole module.
+#
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=03`, or `.venv/bin/python -m mha_lib start 03`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import math
@@ -187,6 +193,13 @@ check_multi_head_attention(MultiHeadAttention)
 # plain reshape.
 # <!-- END SOLUTION -->
 #
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/03_multi_head_attention.ipynb`, then go on to chapter 04.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 04.
+# <!-- END SOLUTION -->

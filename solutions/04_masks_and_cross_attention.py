@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 04 · Masks and cross-attention
+# # Solutions · Chapter 04 · Masks and cross-attention
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/04_masks_and_cross_attention.ipynb`:
@@ -22,8 +22,15 @@
 # <!-- END SOLUTION -->
 #
 # Three exercises: combine two masks, make attention safe for queries that may attend to
-# nothing, and use the multi-head module for cross-attention over a padded source. Fill in the
-# code where it says `raise NotImplementedError`, run the cell, then run the **check** below it.
+# nothing, and use the multi-head module for cross-attention over a padded source.
+#
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=04`, or `.venv/bin/python -m mha_lib start 04`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import math
@@ -38,12 +45,13 @@ from mha_lib.checks import check_causal_padding_mask, check_cross_attention, che
 #
 # A decoder sees a batch of padded sequences: each query may attend only to earlier tokens
 # (causal) that are not padding. Write `causal_padding_mask(lengths, seq_len)` returning a boolean
-# mask `(B, 1, L, L)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
+# mask `(B, 1, seq_len, seq_len)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
 # `mha_lib.causal_mask` and `mha_lib.padding_mask`.
 #
 # <details><summary>Hint</summary>
 #
-# `causal_mask(L)` is `(L, L)`, `padding_mask(lengths, L)` is `(B, 1, 1, L)`; `&` broadcasts them.
+# `causal_mask(seq_len)` is `(seq_len, seq_len)`, `padding_mask(lengths, max_len=seq_len)` is
+# `(B, 1, 1, seq_len)`; `&` broadcasts them.
 # </details>
 
 # %%
@@ -59,9 +67,9 @@ check_causal_padding_mask(causal_padding_mask)
 # %% [markdown]
 # ## Exercise 4.2 · Attention that survives a fully masked row
 #
-# With the mask above, the *padding queries* of a left-padded batch, or any query under a
-# restrictive per-head mask, may have no key to attend to. A softmax over a row of `-inf` is
-# `0/0 = NaN`, and the NaN spreads.
+# Some queries may have no key to attend to: the leading padding queries of a *left*-padded batch
+# under a causal mask (chapter 04, section 4), or any query under a restrictive per-head mask. A
+# softmax over a row of `-inf` is `0/0 = NaN`, and the NaN spreads.
 #
 # Write `masked_attention(query, key, value, mask=None)` returning `(output, weights)` like
 # chapter 01's attention, except that a query whose keys are **all** blocked gets all-zero
@@ -94,9 +102,12 @@ check_masked_attention(masked_attention)
 
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
-# **Discussion.** Replacing NaN afterwards (`torch.nan_to_num`) also passes this check, but its
-# gradients are still NaN: the backward pass goes through the 0/0. Keeping the softmax finite
-# avoids the NaN in both directions, which is what `mha_lib.scaled_dot_product_attention` does.
+# **Discussion.** Replacing the NaN weights afterwards (`torch.nan_to_num`) also passes here, and
+# even its gradients are finite, but only because `masked_fill` passes no gradient to the scores
+# it overwrote. With an additive mask (`scores + mask`, the mask holding `-inf`), the backward
+# pass goes through the 0/0 and the gradients are NaN: the check tries a backward pass and would
+# say so. Keeping the softmax finite avoids the NaN in both directions, whatever the kind of mask,
+# which is what `mha_lib.scaled_dot_product_attention` does.
 # <!-- END SOLUTION -->
 #
 # ## Exercise 4.3 · Cross-attention over a padded source
@@ -127,6 +138,13 @@ def cross_attend(mha, target, source, source_lengths):
 check_cross_attention(cross_attend)
 
 # %% [markdown]
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/04_masks_and_cross_attention.ipynb`, then go on to chapter 05.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 05.
+# <!-- END SOLUTION -->

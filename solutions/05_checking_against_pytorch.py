@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 05 · Checking against PyTorch
+# # Solutions · Chapter 05 · Checking against PyTorch
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/05_checking_against_pytorch.ipynb`:
@@ -22,8 +22,15 @@
 # <!-- END SOLUTION -->
 #
 # Three exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
-# kinds of masks to PyTorch's convention, then copy a module's weights. Fill in the code where it
-# says `raise NotImplementedError`, run the cell, then run the **check** below it.
+# kinds of masks to PyTorch's convention, then copy a module's weights.
+#
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=05`, or `.venv/bin/python -m mha_lib start 05`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import torch
@@ -119,6 +126,13 @@ check_copy_to_torch(copy_to_torch)
 # or `out_proj`.
 # <!-- END SOLUTION -->
 #
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/05_checking_against_pytorch.ipynb`, then go on to chapter 06.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 06.
+# <!-- END SOLUTION -->

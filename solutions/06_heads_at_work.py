@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 06 · Heads at work
+# # Solutions · Chapter 06 · Heads at work
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/06_heads_at_work.ipynb`:
@@ -22,8 +22,15 @@
 # <!-- END SOLUTION -->
 #
 # Two exercises: the forward pass of a pre-norm encoder layer, and head ablation, the tool
-# chapter 06 used to find out what each head is for. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it.
+# chapter 06 used to find out what each head is for.
+#
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=06`, or `.venv/bin/python -m mha_lib start 06`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import torch
@@ -117,6 +124,13 @@ check_head_ablation(silence_head)
 # without rewriting its forward pass.
 # <!-- END SOLUTION -->
 #
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/06_heads_at_work.ipynb`, then go on to chapter 07.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 07.
+# <!-- END SOLUTION -->

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 07 · Efficient attention
+# # Solutions · Chapter 07 · Efficient attention
 #
 # <!-- BEGIN SOLUTION -->
 # > **Worked solutions.** This notebook is the source of `exercises/07_efficient_attention.ipynb`:
@@ -23,8 +23,15 @@
 #
 # Two exercises, one per optimisation of chapter 07: fuse the three input projections into
 # one, and compute attention block by block without ever holding the whole `(Lq, Lk)` weight
-# matrix, the idea behind flash attention. Fill in the code where it says
-# `raise NotImplementedError`, run the cell, then run the **check** below it.
+# matrix, the idea behind flash attention.
+#
+# <!-- EXERCISE ONLY
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=07`, or `.venv/bin/python -m mha_lib start 07`; see the README), so that
+# updates to the course never overwrite your work.
+# -->
 
 # %%
 import math
@@ -81,9 +88,9 @@ print("fused == separate:", all(torch.allclose(a, b(x), atol=1e-6) for a, b in (
 #
 # Flash attention never stores the `(Lq, Lk)` weights. It walks over the keys in blocks and keeps,
 # for every query, three running quantities: the largest score seen so far `m`, the sum of
-# `exp(score - m)` so far `l`, and the weighted sum of values so far `acc`. When a new block
+# `exp(score - m)` so far `l`, and the weighted sum of values so far `o`. When a new block
 # raises the maximum from `m` to `m_new`, everything accumulated so far is rescaled by
-# `exp(m - m_new)`; at the end, `acc / l` is exactly `softmax(QKᵀ/√d_k) V`.
+# `exp(m - m_new)`; at the end, `o / l` is exactly `softmax(QKᵀ/√d_k) V`.
 #
 # Write `blockwise_attention(query, key, value, block_size)` that does this (no mask): query
 # `(..., Lq, d_k)`, key `(..., Lk, d_k)`, value `(..., Lk, d_v)`; return the output
@@ -91,14 +98,14 @@ print("fused == separate:", all(torch.allclose(a, b(x), atol=1e-6) for a, b in (
 #
 # <details><summary>Hint 1</summary>
 #
-# Start with `m = -inf`, `l = 0` and `acc = 0`, of shapes `(..., Lq, 1)`, `(..., Lq, 1)` and
+# Start with `m = -inf`, `l = 0` and `o = 0`, of shapes `(..., Lq, 1)`, `(..., Lq, 1)` and
 # `(..., Lq, d_v)`. Slicing `key[..., start:start + block_size, :]` handles the last, shorter block.
 # </details>
 # <details><summary>Hint 2</summary>
 #
 # For each block: `scores` `(..., Lq, b)`; `m_new = maximum(m, scores.amax(-1, keepdim=True))`;
 # `p = exp(scores - m_new)`; `l = l * exp(m - m_new) + p.sum(-1, keepdim=True)`;
-# `acc = acc * exp(m - m_new) + p @ value_block`.
+# `o = o * exp(m - m_new) + p @ value_block`.
 # </details>
 
 # %%
@@ -107,7 +114,7 @@ def blockwise_attention(query, key, value, block_size):
     scale = 1 / math.sqrt(query.size(-1))
     m = torch.full((*query.shape[:-1], 1), float("-inf"), dtype=query.dtype, device=query.device)  # (..., Lq, 1)
     l = torch.zeros_like(m)  # (..., Lq, 1)
-    acc = torch.zeros(*query.shape[:-1], value.size(-1), dtype=query.dtype, device=query.device)  # (..., Lq, d_v)
+    o = torch.zeros(*query.shape[:-1], value.size(-1), dtype=query.dtype, device=query.device)  # (..., Lq, d_v)
     for start in range(0, key.size(-2), block_size):
         k_block = key[..., start : start + block_size, :]  # (..., b, d_k)
         v_block = value[..., start : start + block_size, :]  # (..., b, d_v)
@@ -116,9 +123,9 @@ def blockwise_attention(query, key, value, block_size):
         p = torch.exp(scores - m_new)  # (..., Lq, b), at most 1
         correction = torch.exp(m - m_new)  # shrinks what was accumulated under the old maximum
         l = l * correction + p.sum(dim=-1, keepdim=True)
-        acc = acc * correction + p @ v_block
+        o = o * correction + p @ v_block
         m = m_new
-    return acc / l
+    return o / l
     # END SOLUTION
 
 
@@ -132,6 +139,13 @@ check_blockwise_attention(blockwise_attention)
 # queries and keep the tiles in the GPU's fast on-chip memory; the arithmetic is this one.
 # <!-- END SOLUTION -->
 #
+# <!-- EXERCISE ONLY
 # ## Done?
 #
 # Compare with `solutions/07_efficient_attention.ipynb`, then go on to chapter 08.
+# -->
+# <!-- BEGIN SOLUTION -->
+# ## Next
+#
+# Go on to chapter 08.
+# <!-- END SOLUTION -->

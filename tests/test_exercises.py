@@ -81,6 +81,10 @@ def test_chapters_link_to_their_exercises(path: Path):
 def test_generator_replaces_code_drops_notes_and_keeps_answers_open():
     solution = "\n".join([
         "# %% [markdown]",
+        "# # Solutions · Chapter 09 · Test",
+        "# <!-- EXERCISE ONLY",
+        "# Fill in the code.",
+        "# -->",
         "# Intro",
         "# <!-- BEGIN SOLUTION -->",
         "# Only in the solutions.",
@@ -107,6 +111,8 @@ def test_generator_replaces_code_drops_notes_and_keeps_answers_open():
     ])
     exercise = make_exercise(solution)
     assert "Intro" in exercise and "Only in the solutions" not in exercise and "model answer" not in exercise
+    assert "# # Exercises · Chapter 09 · Test\n# Fill in the code.\n# Intro" in exercise  # no markers left
+    assert "EXERCISE ONLY" not in exercise and "-->" not in exercise
     assert "*Your answer here" in exercise
     assert "    raise NotImplementedError  # your code here" in exercise and "2 * x" not in exercise
     assert "print(f(1))" not in exercise
@@ -117,6 +123,7 @@ def test_generator_replaces_code_drops_notes_and_keeps_answers_open():
     ["# %%", "    # BEGIN SOLUTION", "x = 1"],
     ["# %%", "x = 1", "    # END SOLUTION"],
     ["# %% [markdown]", "# <!-- BEGIN SOLUTION -->", "# <!-- END ANSWER -->"],
+    ["# %% [markdown]", "# <!-- EXERCISE ONLY", "# text"],
 ])
 def test_generator_refuses_unbalanced_markers(lines):
     with pytest.raises(MarkerError):

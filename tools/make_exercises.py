@@ -14,6 +14,9 @@ Markers in a solution (py:percent) script:
   are left out (notes for the solutions only);
 - markdown: the lines between ``<!-- BEGIN ANSWER -->`` and ``<!-- END ANSWER -->`` (a
   written answer) become an invitation to write one's own;
+- markdown: the lines between ``<!-- EXERCISE ONLY`` and ``-->`` are an HTML comment, so the
+  solution notebook doesn't show them; the exercise does (instructions, "Done?");
+- the title ``# Solutions · Chapter NN ...`` becomes ``# Exercises · Chapter NN ...``;
 - a cell whose first line is ``# SOLUTION ONLY`` is left out.
 
 The generated script is then built into ``exercises/NN_name.ipynb`` by
@@ -39,6 +42,9 @@ ANSWER = "# *Your answer here (double-click this cell to edit it).*"
 _CODE_BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION\s*$")
 _CODE_END = re.compile(r"^\s*# END SOLUTION\s*$")
 _MD = re.compile(r"^#\s*<!-- (BEGIN|END) (SOLUTION|ANSWER) -->\s*$")
+_EXERCISE_BEGIN = re.compile(r"^#\s*<!-- EXERCISE ONLY\s*$")
+_EXERCISE_END = re.compile(r"^#\s*-->\s*$")
+_TITLE = re.compile(r"^# # Solutions · ")
 
 
 class MarkerError(ValueError):
@@ -62,7 +68,18 @@ def make_exercise(solution: str, name: str = "solution") -> str:
     open_marker: tuple[str, int] | None = None  # (kind, line number)
     for number, line in enumerate(_drop_solution_cells(solution.splitlines()), start=1):
         begin, md = _CODE_BEGIN.match(line), _MD.match(line)
-        if begin:
+        if open_marker and open_marker[0] == "EXERCISE":
+            if _EXERCISE_END.match(line):
+                open_marker = None
+            else:
+                out.append(line)
+        elif _EXERCISE_BEGIN.match(line):
+            if open_marker:
+                raise MarkerError(f"{name}:{number}: <!-- EXERCISE ONLY inside an open {open_marker[0]} block")
+            open_marker = ("EXERCISE", number)
+        elif _TITLE.match(line):
+            out.append(_TITLE.sub("# # Exercises · ", line))
+        elif begin:
             if open_marker:
                 raise MarkerError(f"{name}:{number}: BEGIN SOLUTION inside an open {open_marker[0]} block")
             open_marker = ("code", number)
@@ -88,7 +105,12 @@ def make_exercise(solution: str, name: str = "solution") -> str:
             out.append(line)
     if open_marker:
         raise MarkerError(f"{name}:{open_marker[1]}: {open_marker[0]} block never closed")
-    text = "\n".join(out) + "\n"
+    tidy: list[str] = []  # removed blocks can leave blank markdown lines ("#") doubled or leading
+    for line in out:
+        if line == "#" and tidy and (tidy[-1] == "#" or tidy[-1].startswith("# %% [markdown]")):
+            continue
+        tidy.append(line)
+    text = "\n".join(tidy) + "\n"
     # Normalise through jupytext, as building the notebook will.
     config = load_jupytext_config(str(EXERCISES))
     return jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent", config=config)
