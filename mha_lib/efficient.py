@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import check_mask, scaled_dot_product_attention
-from .multi_head import MultiHeadAttention
+from .multi_head import MultiHeadAttention, check_qkv
 
 __all__ = ["EfficientMultiHeadAttention"]
 
@@ -95,7 +95,7 @@ class EfficientMultiHeadAttention(nn.Module):
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)``.
         """
-        MultiHeadAttention._check_inputs(self, query, key, value)  # the teaching module's checks
+        check_qkv(query, key, value, self.d_model)  # the same checks as the teaching module
         B, Lq, D = query.shape
         Lk = key.size(1)
         H, d_k = self.num_heads, self.d_k

@@ -13,7 +13,27 @@ from torch import Tensor, nn
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "check_qkv"]
+
+
+def check_qkv(query: Tensor, key: Tensor, value: Tensor, d_model: int) -> None:
+    """Raise a clear error unless query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` fit.
+
+    Shared by the attention modules (:class:`MultiHeadAttention`, :class:`~mha_lib.AttentionHead`,
+    :class:`~mha_lib.EfficientMultiHeadAttention`), so that they refuse bad input alike.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.size(-1) != d_model:
+            raise ValueError(f"{name} must have shape (B, L, d_model={d_model}), got {tuple(x.shape)}")
+    if not query.size(0) == key.size(0) == value.size(0):
+        raise ValueError(
+            f"query, key and value must have the same batch size, got "
+            f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
+        )
+    if key.size(1) != value.size(1):
+        raise ValueError(f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}")
 
 
 class MultiHeadAttention(nn.Module):
@@ -72,7 +92,7 @@ class MultiHeadAttention(nn.Module):
             output ``(B, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(B, H, Lq, Lk)`` when ``return_weights`` is True.
         """
-        self._check_inputs(query, key, value)
+        check_qkv(query, key, value, self.d_model)
 
         # 1) project, then 2) split the d_model features into H heads of d_k
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
@@ -86,24 +106,6 @@ class MultiHeadAttention(nn.Module):
         # 4) concatenate the heads and 5) mix them with the output projection
         output = self.W_o(combine_heads(heads))  # (B, Lq, d_model)
         return (output, weights) if return_weights else output
-
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(x, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dim() != 3 or x.size(-1) != self.d_model:
-                raise ValueError(
-                    f"{name} must have shape (B, L, d_model={self.d_model}), got {tuple(x.shape)}"
-                )
-        if not query.size(0) == key.size(0) == value.size(0):
-            raise ValueError(
-                f"query, key and value must have the same batch size, got "
-                f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
-            )
-        if key.size(1) != value.size(1):
-            raise ValueError(
-                f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}"
-            )
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, dropout={self.dropout}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
+from .multi_head import check_qkv
 
 __all__ = ["AttentionHead"]
 
@@ -76,22 +77,7 @@ class AttentionHead(nn.Module):
         return (output, weights) if return_weights else output
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(x, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dim() != 3 or x.size(-1) != self.d_model:
-                raise ValueError(
-                    f"{name} must have shape (B, L, d_model={self.d_model}), got {tuple(x.shape)}"
-                )
-        if not query.size(0) == key.size(0) == value.size(0):
-            raise ValueError(
-                f"query, key and value must have the same batch size, got "
-                f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
-            )
-        if key.size(1) != value.size(1):
-            raise ValueError(
-                f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}"
-            )
+        check_qkv(query, key, value, self.d_model)
         if isinstance(mask, Tensor) and mask.dim() > 3:
             raise ValueError(
                 f"a single head's scores are (B, Lq, Lk), so its mask may have at most 3 "
