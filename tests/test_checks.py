@@ -777,3 +777,25 @@ def test_blockwise_attention_check():
     expect_pass(checks.check_blockwise_attention(blocks_by_logsumexp))
     expect_fail(checks.check_blockwise_attention(lambda *a: online_attention(*a, rescale=False)), "not rescaled")
     expect_fail(checks.check_blockwise_attention(lambda *a: online_attention(*a, normalize=False)), "never divided")
+
+
+def test_results_are_logged_as_json_lines_when_asked(tmp_path, monkeypatch):
+    import json
+
+    from mha_lib.checks import check_causal_mask
+
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv("MHA_CHECK_LOG", str(log))
+
+    def stub(seq_len):
+        raise NotImplementedError
+
+    check_causal_mask(lambda L: torch.ones(L, L, dtype=torch.bool).tril())
+    check_causal_mask(stub)
+    check_causal_mask(lambda L: torch.ones(L, L, dtype=torch.bool))
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["passed", "not implemented", "failed"]
+    assert all(r["check"] == records[0]["check"] and r["message"] for r in records)
+    monkeypatch.delenv("MHA_CHECK_LOG")
+    check_causal_mask(stub)
+    assert len(log.read_text().splitlines()) == 3  # nothing is written without the variable

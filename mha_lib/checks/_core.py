@@ -9,8 +9,10 @@ and are never shown; only the verdict and a hint are.
 from __future__ import annotations
 
 import html
+import json
 import linecache
 import math
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -85,14 +87,36 @@ def run_check(name: str, body: Callable[[], str]) -> CheckResult:
     """
     with torch.random.fork_rng(devices=[]):
         try:
-            return CheckResult(name, PASSED, body())
+            result = CheckResult(name, PASSED, body())
         except Verdict as verdict:
-            return CheckResult(name, verdict.status, verdict.message, verdict.hint)
+            result = CheckResult(name, verdict.status, verdict.message, verdict.hint)
         except Exception as error:  # a bug in the check itself: say so, don't crash
-            return CheckResult(
+            result = CheckResult(
                 name, ERROR, f"the check itself failed ({type(error).__name__}: {error})",
                 "This is a bug in mha_lib.checks, not in your code; please report it.",
             )
+    log_result(result)
+    return result
+
+
+CHECK_LOG = "MHA_CHECK_LOG"
+
+
+def log_result(result: CheckResult) -> None:
+    """Append the result as one JSON line to the file named by ``$MHA_CHECK_LOG``, if set.
+
+    ``python -m mha_lib progress`` runs a learner's notebook with this variable set and
+    reads the lines back: ``{"check", "status", "message", "hint"}``, one per check call.
+    """
+    path = os.environ.get(CHECK_LOG)
+    if not path:
+        return
+    record = {"check": result.name, "status": result.status, "message": result.message, "hint": result.hint}
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError:  # a log that can't be written must never break the learner's check
+        pass
 
 
 # ---------------------------------------------------------------- calling the learner
