@@ -6,9 +6,13 @@ the layout of ``nn.MultiheadAttention`` and of the original Transformer.
 
 from __future__ import annotations
 
-from torch import Tensor
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-__all__ = ["split_heads", "combine_heads"]
+import torch
+from torch import Tensor, nn
+
+__all__ = ["split_heads", "combine_heads", "silence_heads"]
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -38,3 +42,42 @@ def combine_heads(x: Tensor) -> Tensor:
         raise ValueError(f"combine_heads expects (B, H, L, d_k), got shape {tuple(x.shape)}")
     B, H, L, d_k = x.shape
     return x.transpose(1, 2).reshape(B, L, H * d_k)  # (B, L, D)
+
+
+@contextmanager
+def silence_heads(attention: nn.Module, heads: Iterable[int]) -> Iterator[None]:
+    """Switch heads off inside a ``with`` block: zero their outputs just before ``W_o``.
+
+    Works for any multi-head module whose output projection ``W_o`` receives the heads
+    side by side, ``(B, L, H * d_k)`` as :func:`combine_heads` makes them
+    (:class:`~mha_lib.MultiHeadAttention`, :class:`~mha_lib.EfficientMultiHeadAttention`).
+    Head ``h`` owns the features ``[h * d_k, (h + 1) * d_k)``. A forward pre-hook on
+    ``W_o`` multiplies them by 0, so the output projection receives nothing from the
+    silenced heads; the other heads and the rest of the model are untouched. No weight
+    changes, and the hook is removed on exit (also after an error).
+
+        with silence_heads(model.layers[0].self_attn, [1]):
+            accuracy = evaluate(model, test, vocab)
+    """
+    num_heads, W_o = getattr(attention, "num_heads", None), getattr(attention, "W_o", None)
+    if not isinstance(num_heads, int) or not isinstance(W_o, nn.Linear) or W_o.in_features % num_heads:
+        raise TypeError("silence_heads needs a multi-head module with an int num_heads and an nn.Linear W_o "
+                        f"that receives the heads side by side (e.g. MultiHeadAttention); got {type(attention).__name__}")
+    heads = list(heads)
+    bad = [h for h in heads if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < num_heads]
+    if bad:
+        raise ValueError(f"heads must be ints in [0, {num_heads}), got {bad}")
+    d_k = W_o.in_features // num_heads
+    keep = torch.ones(W_o.in_features)  # (H * d_k,)
+    for h in heads:
+        keep[h * d_k : (h + 1) * d_k] = 0.0
+
+    def zero_heads(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        concatenated = args[0]  # (B, L, H * d_k), the heads side by side
+        return (concatenated * keep.to(concatenated.device, concatenated.dtype), *args[1:])
+
+    handle = W_o.register_forward_pre_hook(zero_heads)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -7,7 +7,10 @@ import math
 import pytest
 import torch
 
-from mha_lib import seed_everything
+from torch import nn
+
+import mha_lib.heads
+from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, seed_everything
 from mha_lib.sentiment import (
     NEGATIVE,
     POSITIVE,
@@ -17,12 +20,15 @@ from mha_lib.sentiment import (
     attention_shares,
     batch_examples,
     evaluate,
+    feed_forward_off,
+    four_groups,
     make_datasets,
     predict,
     silence_heads,
     tokenize,
     train_model,
 )
+from mha_lib.sentiment.probes import halves_for_batch, halves_group, halves_groups
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +39,15 @@ def data() -> tuple[list[Example], list[Example]]:
 @pytest.fixture(scope="module")
 def vocab() -> Vocab:
     return Vocab.for_task()
+
+
+@pytest.fixture
+def one_thread():
+    """Train on one thread, as the chapters do (the library leaves the thread count to its caller)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def small_model(vocab: Vocab, **kw) -> SentimentClassifier:
@@ -171,10 +186,18 @@ def test_mask_may_be_a_function_of_the_batch(vocab, data):
 
 def test_model_errors(vocab):
     model = small_model(vocab, max_len=8)
-    with pytest.raises(ValueError, match=r"tokens must be a \(B, L\) tensor of token ids, got \(5,\)"):
+    with pytest.raises(ValueError, match=r"tokens must be a \(B, L\) tensor of token ids, got shape \(5,\)"):
         model(torch.tensor([2, 3, 4, 5, 6]))
     with pytest.raises(ValueError, match="got list"):
         model([[2, 3]])
+    with pytest.raises(ValueError, match=r"integer token ids \(torch.long\), got dtype torch.float32"):
+        model(torch.tensor([[2.0, 5.0, 6.0]]))
+    with pytest.raises(ValueError, match=r"tokens of shape \(3, 0\) hold no token: every row needs at least <cls>"):
+        model(torch.zeros(3, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {len(vocab)}\).*from 2 to {len(vocab)}"):
+        model(torch.tensor([[2, len(vocab)]]))
+    with pytest.raises(ValueError, match=r"from -1 to 5"):
+        model(torch.tensor([[2, -1, 5]]))
     with pytest.raises(ValueError, match="must start with <cls> \\(id 2\\); use batch_examples"):
         model(torch.tensor([[5, 6, 7]]))
     with pytest.raises(ValueError, match="inputs of 9 tokens are longer than max_len=8"):
@@ -188,13 +211,11 @@ def test_model_errors(vocab):
 # --- training and evaluation ----------------------------------------------------------------
 
 
-def test_short_training_beats_chance(vocab, capsys):
+def test_short_training_beats_chance(vocab, capsys, one_thread):
     train, test = make_datasets(2000, 300, seed=1)
     seed_everything(0)
     model = small_model(vocab, d_model=48, d_ff=96)
-    threads = torch.get_num_threads()
     history = train_model(model, train, vocab, test=test, epochs=3, seed=0, reports=2)
-    assert torch.get_num_threads() == threads  # restored after training on one thread
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[-1].startswith("epoch  3/3  loss")
     assert history["loss"][-1] < history["loss"][0] - 0.2
@@ -278,3 +299,101 @@ def test_attention_shares(vocab, data):
         attention_shares(model, plain, vocab, query="not")
     with pytest.raises(ValueError, match="query must be one of"):
         attention_shares(model, plain, vocab, query="bad")
+
+
+def test_silence_heads_lives_next_to_the_heads_code():
+    import mha_lib.sentiment
+
+    assert mha_lib.sentiment.silence_heads is mha_lib.heads.silence_heads
+
+
+def test_silence_heads_works_for_the_efficient_module():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(12, 3).double().eval()
+    fast = EfficientMultiHeadAttention.from_module(mha).eval()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    for heads in ([1], [0, 2]):
+        with silence_heads(mha, heads), silence_heads(fast, heads):
+            torch.testing.assert_close(fast(x, x, x), mha(x, x, x))
+    with pytest.raises(TypeError, match="silence_heads needs a multi-head module .* got Linear"):
+        with silence_heads(nn.Linear(4, 4), [0]):
+            pass
+
+
+def test_no_library_call_changes_the_thread_count(vocab, data, monkeypatch):
+    """Training and probing run on the caller's threads: the library never sets them."""
+    threads = torch.get_num_threads()
+
+    def refuse(n):
+        raise AssertionError(f"a library call set the number of threads to {n}")
+
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+    model = small_model(vocab)
+    train_model(model, data[0][:64], vocab, test=data[1][:20], epochs=1, reports=0)
+    predict(model, data[1][:20], vocab)
+    evaluate(model, data[1][:20], vocab)
+    attention_shares(model, data[1][:20], vocab)
+    assert torch.get_num_threads() == threads
+
+
+def test_probes_restore_the_training_mode(vocab, data):
+    model = small_model(vocab).train()
+    predict(model, data[1][:5], vocab)
+    attention_shares(model, data[1][:5], vocab)
+    assert model.training
+    with pytest.raises(ValueError):  # an error inside does not leave the model in eval mode either
+        predict(model, data[1][:5], vocab, mask=torch.ones(3, 3, dtype=torch.bool))
+    assert model.training
+
+
+def test_feed_forward_off_leaves_attention_only(vocab, device):
+    torch.manual_seed(0)
+    model = small_model(vocab).to(device, torch.float64).eval()
+    tokens = batch_examples(["the movie was not bad", "a good film"], vocab).to(device)
+    layer = model.layers[0]
+
+    def without_feed_forward():  # the model's forward pass with the feed-forward sublayer left out
+        x = model.token_embedding(tokens) + model.position_embedding(torch.arange(tokens.size(1), device=device))
+        h = layer.norm1(x)
+        x = x + layer.self_attn(h, h, h, mask=(tokens != vocab.pad_id)[:, None, None, :])
+        return model.classifier(model.norm(x[:, 0]))
+
+    with torch.no_grad(), feed_forward_off(model):
+        off = model(tokens)
+    torch.testing.assert_close(off, without_feed_forward())
+    assert not torch.allclose(model(tokens), off)  # back on after the block
+    assert not layer.feed_forward._forward_hooks
+    with pytest.raises(TypeError, match="feed_forward_off needs a model whose .layers have a feed_forward"):
+        with feed_forward_off(nn.Linear(3, 3)):
+            pass
+
+
+def test_four_groups(data):
+    groups = four_groups(data[1])
+    assert list(groups) == ["plain+", "plain-", "negated+", "negated-"]
+    assert sum(map(len, groups.values())) == len(data[1])
+    for name, examples in groups.items():
+        assert all(e.negated == name.startswith("negated") for e in examples)
+        assert all(e.word_is_positive == name.endswith("+") for e in examples)
+        assert {e.label for e in examples} == {int(name in ("plain+", "negated-"))}
+
+
+def test_halves_groups_and_mask(vocab):
+    """Each sentence is cut by its own length, <cls> included: head 0 gets [0, n // 2)."""
+    not_bad = Example(("the", "movie", "was", "not", "bad"), 1, True, 4, 3)  # n = 6: head 0 <cls> the movie
+    not_a_good_film = Example(("not", "a", "good", "film"), 0, True, 2, 0)  # n = 5: head 0 <cls> not
+    plain = Example(("a", "good", "film"), 1, False, 1, None)
+    assert halves_group(not_bad) == "same half"  # "not" (4) and "bad" (5) both in [3, 6)
+    assert halves_group(not_a_good_film) == "different halves"  # "not" (1) < 2 <= "good" (3)
+    assert halves_group(plain) == "plain"
+    assert halves_groups([plain, not_bad, not_a_good_film]) == {
+        "plain": [0], "same half": [1], "different halves": [2]}
+
+    tokens = batch_examples([not_bad, not_a_good_film, plain], vocab)  # (3, 6)
+    mask = halves_for_batch(tokens)
+    assert mask.shape == (3, 2, 6, 6) and mask.dtype == torch.bool
+    first = mask[:, 0, 0]  # (B, L): head 0's keys, the same for every query
+    assert first.tolist() == [[True] * 3 + [False] * 3, [True] * 2 + [False] * 4, [True] * 2 + [False] * 4]
+    assert torch.equal(mask[:, 1], ~mask[:, 0]) and (mask == mask[:, :, :1]).all()
+    with pytest.raises(ValueError, match=r"tokens must be a \(B, L\) tensor"):
+        halves_for_batch(tokens[0])

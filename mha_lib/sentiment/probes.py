@@ -1,0 +1,157 @@
+"""Probes: where a trained model's heads look, what switching parts off costs, and the groups
+of sentences the chapters measure them on.
+
+- :func:`attention_shares`: where one token's attention goes (to "not", to the sentiment
+  word, ...), head by head.
+- :func:`~mha_lib.silence_heads` (in :mod:`mha_lib.heads`) switches heads off;
+  :func:`feed_forward_off` switches the feed-forward sublayers off.
+- :func:`four_groups`: plain or negated, with a positive or a negative sentiment word
+  (chapter 06); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
+  sentiment word in the same or in different halves of the sentence (chapter 08).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from .data import Example, Vocab, batch_examples
+from .model import SentimentClassifier, device_of
+
+__all__ = [
+    "FOUR_GROUPS",
+    "HALVES_GROUPS",
+    "ROLES",
+    "attention_shares",
+    "feed_forward_off",
+    "four_groups",
+    "halves_for_batch",
+    "halves_groups",
+]
+
+ROLES = ("<cls>", "not", "sentiment word", "other words")
+# Short names of chapter 06's groups: "not" or not, and the sentiment word's own polarity.
+FOUR_GROUPS = ("plain+", "plain-", "negated+", "negated-")
+HALVES_GROUPS = ("plain", "same half", "different halves")
+
+
+@torch.no_grad()
+def attention_shares(
+    model: SentimentClassifier,
+    examples: Sequence[Example],
+    vocab: Vocab,
+    query: str = "<cls>",
+    layer: int = 0,
+) -> dict[str, Tensor]:
+    """Where one token's attention goes, per head, averaged over ``examples``.
+
+    Args:
+        query: whose attention: ``"<cls>"``, ``"sentiment word"`` or ``"not"`` (then
+            every example must be negated).
+        layer: which encoder layer.
+
+    Returns:
+        ``{role: (H,) tensor}`` for the roles ``"<cls>"``, ``"not"``, ``"sentiment word"``
+        and ``"other words"``: the mean share of the query's attention that goes to
+        tokens of that role (0 for "not" in a sentence without it). Per head, the four
+        shares sum to 1.
+    """
+    if query not in ROLES[:3]:
+        raise ValueError(f"query must be one of {ROLES[:3]}, got {query!r}")
+    if not examples:
+        raise ValueError("attention_shares needs at least one example")
+    if query == "not" and not all(e.negated for e in examples):
+        raise ValueError('query="not" needs negated examples only')
+    was_training = model.training
+    model.eval()
+    try:
+        _, weights = model(batch_examples(examples, vocab).to(device_of(model)), return_weights=True)
+    finally:
+        model.train(was_training)
+    w = weights[layer].cpu()  # (N, H, L, L)
+
+    rows = torch.arange(len(examples))
+    has_not = torch.tensor([e.negated for e in examples])
+    position = {  # in the batch, word i sits at i + 1 (after <cls>)
+        "<cls>": torch.zeros(len(examples), dtype=torch.long),
+        "not": torch.tensor([e.negation_pos + 1 if e.negated else 0 for e in examples]),
+        "sentiment word": torch.tensor([e.sentiment_pos + 1 for e in examples]),
+    }
+    looking = w[rows, :, position[query]]  # (N, H, L): the query's row of every head
+    shares = {role: looking[rows, :, position[role]] for role in ROLES[:3]}  # (N, H) each
+    shares["not"] = shares["not"] * has_not[:, None]
+    shares["other words"] = looking.sum(-1) - sum(shares.values())
+    return {role: shares[role].mean(dim=0) for role in ROLES}  # (H,) each
+
+
+@contextmanager
+def feed_forward_off(model: nn.Module) -> Iterator[None]:
+    """Inside a ``with`` block, every encoder layer's feed-forward sublayer adds nothing.
+
+    A forward hook replaces the output of each ``layer.feed_forward`` by zeros, so the
+    layer computes ``x + attention(norm1(x))`` and passes it on unchanged: what reaches
+    the classifier is then the embedding plus what the heads brought. The hooks are
+    removed on exit; no weight changes.
+
+        with feed_forward_off(model):
+            accuracy = evaluate(model, test, vocab)
+    """
+    layers = [layer for layer in getattr(model, "layers", []) if isinstance(getattr(layer, "feed_forward", None), nn.Module)]
+    if not layers:
+        raise TypeError(f"feed_forward_off needs a model whose .layers have a feed_forward module; "
+                        f"got {type(model).__name__}")
+
+    def zero(module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> Tensor:
+        return torch.zeros_like(output)
+
+    handles = [layer.feed_forward.register_forward_hook(zero) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def four_groups(examples: Sequence[Example]) -> dict[str, list[Example]]:
+    """Chapter 06's groups: ``{"plain+", "plain-", "negated+", "negated-"}``, where + / -
+    is the sentiment word's own polarity (so "negated+" is "not good", label negative)."""
+    groups: dict[str, list[Example]] = {name: [] for name in FOUR_GROUPS}
+    for e in examples:
+        groups[("negated" if e.negated else "plain") + ("+" if e.word_is_positive else "-")].append(e)
+    return groups
+
+
+def halves_group(example: Example) -> str:
+    """``"plain"``, ``"same half"`` or ``"different halves"``: where "not" and the sentiment
+    word fall when the sentence (``<cls>`` included, ``n`` tokens) is cut at ``n // 2``."""
+    if not example.negated:
+        return "plain"
+    split = (len(example.tokens) + 1) // 2  # in positions: word i sits at i + 1, after <cls>
+    same = (example.negation_pos + 1 < split) == (example.sentiment_pos + 1 < split)
+    return "same half" if same else "different halves"
+
+
+def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
+    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 08)."""
+    groups: dict[str, list[int]] = {name: [] for name in HALVES_GROUPS}
+    for i, e in enumerate(examples):
+        groups[halves_group(e)].append(i)
+    return groups
+
+
+def halves_for_batch(tokens: Tensor, pad_id: int = Vocab.pad_id) -> Tensor:
+    """Chapter 08's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
+
+    With ``n`` real tokens in a row (``<cls>`` included), head 0 may attend to the
+    positions ``[0, n // 2)`` and head 1 to ``[n // 2, L)``, for every query; the
+    padding is masked by the model anyway.
+    """
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        raise ValueError(f"tokens must be a (B, L) tensor of token ids, got {getattr(tokens, 'shape', tokens)!r}")
+    B, L = tokens.shape
+    lengths = (tokens != pad_id).sum(dim=1)  # (B,) <cls> and the words
+    first = torch.arange(L, device=tokens.device)[None, :] < (lengths // 2)[:, None]  # (B, L) head 0's keys
+    return torch.stack([first, ~first], dim=1)[:, :, None, :].expand(B, 2, L, L)  # (B, H, Lq, Lk)
