@@ -1,0 +1,32 @@
+"""The training notebooks on another CPU kernel path: their stored outputs must still match.
+
+A training run's numbers differ in the last digits between CPUs (PyTorch picks AVX-512, AVX2
+or plain C++ kernels for the machine), and a short training run amplifies that. Chapters 06
+and 08, their exercises and solutions never let nbval compare such numbers verbatim. This
+test proves it: it runs them under strict nbval with ``ATEN_CPU_CAPABILITY=default``, the plain
+C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
+breaks bfloat16 matrix products, which that chapter uses.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = [f"{folder}/{name}.ipynb" for folder in ("chapters", "solutions", "exercises")
+             for name in ("06_heads_at_work", "08_restricting_heads")]
+
+
+def test_training_notebooks_pass_strict_nbval_on_the_default_kernels():
+    assert all((ROOT / nb).exists() for nb in NOTEBOOKS)
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default", MHA_DEVICE="cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly", *NOTEBOOKS],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    tail = "\n".join(result.stdout.splitlines()[-40:])
+    assert result.returncode == 0, f"strict nbval failed under ATEN_CPU_CAPABILITY=default:\n{tail}\n{result.stderr[-2000:]}"
+    assert " passed" in tail and "failed" not in tail
