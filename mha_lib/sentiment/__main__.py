@@ -115,7 +115,12 @@ def run_kernels(args: argparse.Namespace, argv: list[str]) -> int:
     from .study import save_study
 
     runs, started = [], time.perf_counter()
-    kernels = distinct_paths(args.kernels) if args.device == "cpu" else {"native": "CUDA"}
+    if args.device != "cpu":
+        kernels = {"native": args.device}
+    elif len(args.kernels) == 1:  # nothing to compare: the worker records the path it ran
+        kernels = {args.kernels[0]: args.kernels[0]}
+    else:
+        kernels = distinct_paths(args.kernels)
     with tempfile.TemporaryDirectory() as tmp:
         for kernel, path in kernels.items():
             env = kernel_env(kernel)
