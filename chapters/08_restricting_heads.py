@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 08 · Restricting each head to half of the sequence
+# # Chapter 08 · Restricting where heads may look
 #
 # The course ends where its first source ends. Priyesh Dave's post "Day 28: Multi-Head
 # Attention" closes with a challenge: change the multi-head code so that **the first head may
@@ -22,17 +22,27 @@
 # run it, see how the outputs differ from the unrestricted module, and write a few sentences on
 # what changed and what it says about the role of heads.
 #
-# This chapter sets the challenge up; you solve it in `exercises/08_restricting_heads.ipynb`.
+# The challenge is not a toy. Telling a head where it may look is how today's models handle long
+# inputs: full attention costs `L × L` scores per head, and a model that reads 100 000 tokens
+# cannot pay that. So this chapter first builds the restrictions real models use, then sets up
+# the challenge, which you solve in `exercises/08_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
 #
-# - say precisely what "head 0 attends only to the first half" means, for even and odd lengths;
-# - build a per-head mask of shape `(H, L, L)` and know how it broadcasts through
+# - build the masks of **local (sliding-window)**, **global** and **block-sparse** attention as
+#   `(L, L)` boolean tensors, count what each one costs, and compute how far information can
+#   travel through a stack of restricted layers;
+# - give each head **its own** mask of shape `(H, L, L)`, and know how it broadcasts through
 #   `mha_lib.MultiHeadAttention` (and which shape would silently do something else);
-# - compare a restricted module with an unrestricted one: per-head maps, the output difference
-#   per position and per head, and what each head's output is made of;
-# - measure what the restriction costs a trained model when "not" and the word it negates fall
-#   in different halves, and explain the result.
+# - say precisely what "head 0 attends only to the first half" means, for even and odd lengths;
+# - compare a restricted module with an unrestricted one, measure what the restriction costs a
+#   trained model, and back your explanation with measurements over many seeds.
+#
+# *Sources.* The challenge is the "Try it yourself" of Priyesh Dave's post (DEV Community).
+# Restricted attention in real models: Child et al., "Generating Long Sequences with Sparse
+# Transformers" (2019); Beltagy et al., "Longformer: The Long-Document Transformer" (2020);
+# Zaheer et al., "Big Bird: Transformers for Longer Sequences" (2020); Jiang et al.,
+# "Mistral 7B" (2023).
 
 # %%
 import matplotlib.pyplot as plt
@@ -46,18 +56,208 @@ torch.set_printoptions(precision=3, sci_mode=False)
 print("Running on:", device.type)
 
 # %% [markdown]
-# ## 1. What "attend only to the first half" means
+# ## 1. Where a head may look is a design choice
 #
-# A head attends *from* queries *to* keys. "Head 0 attends only to the first half" restricts
-# the **keys** head 0 may look at; it says nothing about which queries it serves. So, for a
-# sequence of length `L`:
+# A mask (chapter 04) says, for every query, which keys it may attend to: `True` = may attend.
+# The causal mask of a language model is already a restriction: no token may look ahead. Models
+# for long inputs restrict much more. Four small helpers build the patterns they use, for a
+# sequence of `L` tokens; each returns an `(L, L)` bool mask, rows = queries, columns = keys.
+#
+# - **Local (sliding-window) attention**: query `i` may attend to the keys within `w` positions,
+#   `|i - j| <= w`. Longformer uses a window on both sides; Mistral 7B a causal one (only
+#   `i - w <= j <= i`), of 4096 tokens.
+# - **Global tokens** (Longformer): a few chosen positions, such as a classification token, see
+#   every token and are seen by every token, so that the whole input can meet in one place.
+# - **Block-local attention**: the sequence is cut into blocks and each query sees its own block.
+#   BigBird computes its pattern block by block (window, global and a few random blocks),
+#   because whole blocks are what GPU kernels handle fast.
+# - **Strided attention** (the Sparse Transformer): query `i` sees every `s`-th earlier position.
+
+# %%
+def sliding_window(L, w, causal=False):
+    """(L, L): query i may attend to key j when |i - j| <= w (and j <= i if causal)."""
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]  # (L, 1), (1, L)
+    allowed = (i - j).abs() <= w
+    return allowed & (j <= i) if causal else allowed
+
+
+def with_global(mask, positions):
+    """Longformer's global attention: these positions see every token and every token sees them."""
+    mask = mask.clone()
+    mask[positions, :] = True
+    mask[:, positions] = True
+    return mask
+
+
+def block_local(L, block):
+    """(L, L): each query may attend to the keys of its own block of `block` positions."""
+    blocks = torch.arange(L) // block  # (L,) the block of each position
+    return blocks[:, None] == blocks[None, :]
+
+
+def strided(L, stride):
+    """(L, L), causal: query i may attend to i, i - stride, i - 2 * stride, ..."""
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    return (j <= i) & ((i - j) % stride == 0)
+
+
+L = 16
+patterns = {
+    "causal (chapter 04)": torch.ones(L, L, dtype=torch.bool).tril(),
+    "sliding window, w = 2": sliding_window(L, 2),
+    "causal window, w = 3": sliding_window(L, 3, causal=True),
+    "window + global token 0": with_global(sliding_window(L, 2), [0]),
+    "blocks of 4 + global 0": with_global(block_local(L, 4), [0]),
+    "strided, every 4th": strided(L, 4),
+}
+for name, mask in patterns.items():
+    print(f"{name:26} {tuple(mask.shape)}  keys per query: {mask.sum(1).min().item():2d} to "
+          f"{mask.sum(1).max().item():2d}  ({mask.float().mean().item():4.0%} of the L x L scores)")
+
+# %%
+fig, axes = plt.subplots(1, len(patterns), figsize=(2.3 * len(patterns), 2.9), layout="constrained")
+for ax, (name, mask) in zip(axes, patterns.items()):
+    ax.imshow(mask, cmap="Blues", vmin=0, vmax=1.4)
+    ax.set_title(name, fontsize=9)
+    ax.set_xticks([0, L - 1])
+    ax.set_yticks([0, L - 1])
+    ax.set_xlabel("key")
+axes[0].set_ylabel("query")
+fig.suptitle(f"Where each query may look (L = {L}; shaded = may attend)")
+plt.show()
+
+# %% [markdown]
+# What a restriction buys is the cost: full attention computes `L` scores per query, a window of
+# `w` on both sides `2w + 1`, whatever `L` is. So the work grows like `L · w` instead of `L²`:
+
+# %%
+w = 256
+print(f"{'L':>7} {'full: scores per head':>24} {'window w = 256':>16} {'saving':>8}")
+for n in (512, 4096, 32768, 131072):
+    window = sliding_window(n, w).sum().item() if n <= 4096 else n * (2 * w + 1) - w * (w + 1)  # exact count
+    print(f"{n:7d} {n * n:24,d} {window:16,d} {n * n / window:7.1f}x")
+
+# %% [markdown]
+# The counts for the two longest sequences come from a formula (`2w + 1` keys per query, fewer
+# near the ends), since the masks themselves would not fit in memory: a `131072 × 131072` bool
+# mask takes 17 GB. Where the mask fits, the formula agrees with it:
+
+# %%
+for n in (512, 4096):
+    assert sliding_window(n, w).sum().item() == n * (2 * w + 1) - w * (w + 1)  # minus the corners
+print("the formula counts the window mask exactly")
+
+# %% [markdown]
+# ## 2. What a stack of restricted layers can still see
+#
+# A window hides distant tokens from one layer, not from the model. In layer 1, token `i`
+# gathers tokens `i - w` to `i`; in layer 2 it attends to token `i - w`, which already holds
+# what came from `i - 2w`. Information moves `w` positions per layer, so after `k` layers up to
+# `k · w` positions back: Mistral 7B's argument for its window of 4096 tokens in 32 layers.
+#
+# Which positions reach a token after `k` layers is a product of masks: position `j` reaches
+# query `i` through a middle token `m` when `i` may attend to `m` and `m` (one layer earlier) was
+# reached from `j`. With the masks as 0/1 matrices, that is a matrix product, `> 0`.
+
+# %%
+def reach(masks):
+    """reach[i, j] after each layer: can information from position j have arrived at position i?"""
+    reached = torch.eye(masks[0].size(0), dtype=torch.bool)  # before any layer: only itself
+    out = []
+    for mask in masks:  # one mask per layer
+        reached = (mask.int() @ reached.int()) > 0  # i <- m (this layer), m <- j (the layers before)
+        out.append(reached)
+    return out
+
+
+window = sliding_window(L, 3, causal=True)
+layers = reach([window] * 4)
+for k, reached in enumerate(layers, start=1):
+    assert reached[-1].sum().item() == k * 3 + 1  # the last token: itself and k * w positions back
+print("the last token hears from", [reached[-1].sum().item() for reached in layers], "positions after 1-4 layers")
+
+fig, axes = plt.subplots(1, 4, figsize=(10, 2.9), layout="constrained")
+for k, (ax, reached) in enumerate(zip(axes, layers), start=1):
+    ax.imshow(reached, cmap="Blues", vmin=0, vmax=1.4)
+    ax.set_title(f"after {k} layer{'s' * (k > 1)}", fontsize=9)
+    ax.set_xlabel("from position")
+axes[0].set_ylabel("to position")
+fig.suptitle("A causal window of w = 3: what can reach each position")
+plt.show()
+
+# %% [markdown]
+# ## 3. A different view for each head
+#
+# Nothing says every head must obey the same mask. The Sparse Transformer splits the work
+# between two heads: one sees the last few positions (a causal window), the other every
+# `s`-th earlier position (strided). Neither head sees much, but inside one layer their outputs
+# are concatenated and mixed by `W_o` (chapter 03), so each position receives both views, and
+# after two layers every earlier position can reach every later one:
+
+# %%
+local, stride = sliding_window(L, 3, causal=True), strided(L, 4)  # window of 4 keys; every 4th key
+both_heads = local | stride  # what one layer brings to each position: the union of its heads' views
+first, second = reach([both_heads, both_heads])
+assert torch.equal(second, torch.ones(L, L, dtype=torch.bool).tril())  # every earlier position, in 2 layers
+print(f"keys per query: local head {local.sum(1).max().item()}, strided head {stride.sum(1).max().item()}; "
+      f"after 2 layers the last token hears from {second[-1].sum().item()} of {L} positions")
+
+# %% [markdown]
+# To give each head its own mask, stack them into one `(H, L, L)` tensor. The scores inside
+# `MultiHeadAttention` have shape `(B, H, Lq, Lk)`, and PyTorch lines shapes up **from the
+# right**, so a mask of shape `(H, Lq, Lk)` is read as `(1, H, Lq, Lk)`: one `(Lq, Lk)` mask per
+# head, the same for every sequence of the batch. That is exactly what a per-head restriction
+# needs.
+
+# %%
+B, H, L = 2, 2, 4
+scores_shape = (B, H, L, L)
+for mask_shape in [(L, L), (H, L, L), (1, H, L, L), (B, 1, 1, L), (H, 1, L, L)]:
+    print(f"mask {str(mask_shape):14} -> broadcast to {tuple(torch.broadcast_shapes(mask_shape, scores_shape))}")
+
+# %% [markdown]
+# All five broadcast, and that is the trap in the last one: `(H, 1, L, L)` lines its first
+# axis up with the **batch**, so "head 0's mask" would apply to *sequence* 0 (every head of it).
+# When `B == H`, as in the tiny configuration below, nothing fails; the model is just wrong.
+# `(H, L, L)` or `(1, H, L, L)` is the shape to use.
+#
+# Here are the Sparse Transformer's two heads in `mha_lib.MultiHeadAttention`, on the source
+# post's tiny configuration (batch 2, sequence 4, embedding 8, random weights) with a stride of 2:
+
+# %%
+seed_everything(0)
+mha = MultiHeadAttention(d_model=8, num_heads=2).to(device)
+x = torch.randn(2, 4, 8).to(device)  # (B, L, d_model)
+
+per_head = torch.stack([sliding_window(L, 1, causal=True), strided(L, 2)]).to(device)  # (H, L, L)
+print("per-head mask:", tuple(per_head.shape))
+out, weights = mha(x, x, x, mask=per_head, return_weights=True)
+print("output:", tuple(out.shape), " weights:", tuple(weights.shape))
+assert (weights.masked_select(~per_head) == 0).all()  # (B, H, L, L): zero wherever the head's mask says no
+assert torch.allclose(weights.sum(-1), torch.ones(B, H, L).to(device))  # each row still sums to 1
+plot_attention(weights[0], [f"x{i}" for i in range(L)], head_titles=["head 0: causal window, w = 1",
+               "head 1: strided, every 2nd"], title="One mask per head (sequence 0)")
+plt.show()
+
+# %% [markdown]
+# Each head's weights are zero wherever its own mask says no, and each row still sums to 1 over
+# the keys the head may see. Restricting heads differently is also a way to *make* them
+# specialize: the Sparse Transformer's heads cannot help doing different jobs.
+#
+# ## 4. The challenge: each head gets half of the sequence
+#
+# The post's restriction is the bluntest per-head pattern of all. A head attends *from* queries
+# *to* keys, and "head 0 attends only to the first half" restricts the **keys** head 0 may look
+# at; it says nothing about which queries it serves. So, for a sequence of length `L`:
 #
 # - for **every** query `i`, head 0 may attend to the keys at positions `[0, L // 2)`;
 # - for **every** query `i`, head 1 may attend to the keys at positions `[L // 2, L)`.
 #
 # Every position still gets an output from both heads: one blended from the first half, one
-# from the second. (Restricting the *queries* instead would leave half of the positions of
-# each head with no output at all, which is a different, and stranger, model.)
+# from the second. Unlike a window, the view does not move with the query; and unlike the
+# Sparse Transformer's heads, the two views don't overlap at all, although together they cover
+# the whole sequence in a single layer. (Restricting the *queries* instead would leave half of
+# the positions of each head with no output at all, a different and stranger model.)
 #
 # **Odd lengths.** With `L = 5` the halves can't be equal. The course splits at `L // 2`
 # (floor division): head 0 gets keys 0-1, head 1 gets keys 2-4; the middle token belongs to the
@@ -88,47 +288,7 @@ draw_halves(axes[2:], 5)
 plt.show()
 
 # %% [markdown]
-# ## 2. A mask per head, and how it broadcasts
-#
-# So far every mask applied to all heads alike: `(Lq, Lk)`, or `(B, 1, 1, Lk)` for padding.
-# The scores inside `MultiHeadAttention` have shape `(B, H, Lq, Lk)`, and PyTorch lines shapes
-# up **from the right**. So a mask of shape `(H, Lq, Lk)` is read as `(1, H, Lq, Lk)`: one
-# `(Lq, Lk)` mask per head, the same for every sequence of the batch. That is exactly what a
-# per-head restriction needs.
-
-# %%
-B, H, L = 2, 2, 4
-scores_shape = (B, H, L, L)
-for mask_shape in [(L, L), (H, L, L), (1, H, L, L), (B, 1, 1, L), (H, 1, L, L)]:
-    print(f"mask {str(mask_shape):14} -> broadcast to {tuple(torch.broadcast_shapes(mask_shape, scores_shape))}")
-
-# %% [markdown]
-# All five broadcast, and that is the trap in the last one: `(H, 1, L, L)` lines its first
-# axis up with the **batch**, so "head 0's mask" would apply to *sequence* 0 (every head of it).
-# When `B == H`, as in the tiny configuration below, nothing fails; the model is just wrong.
-# `(H, L, L)` or `(1, H, L, L)` is the shape to use.
-#
-# Let's see a per-head mask at work with a different restriction, so as not to give the
-# exercise away: head 0 may look only at the token itself, head 1 at every token.
-
-# %%
-seed_everything(0)
-mha = MultiHeadAttention(d_model=8, num_heads=2).to(device)
-x = torch.randn(2, 4, 8).to(device)  # the source post's tiny configuration: batch 2, sequence 4, embedding 8
-
-only_itself = torch.eye(L, dtype=torch.bool)  # (L, L)
-everything = torch.ones(L, L, dtype=torch.bool)  # (L, L)
-per_head = torch.stack([only_itself, everything]).to(device)  # (H, L, L)
-print("per-head mask:", tuple(per_head.shape))
-
-out, weights = mha(x, x, x, mask=per_head, return_weights=True)
-print("output:", tuple(out.shape), " weights:", tuple(weights.shape))
-assert torch.equal(weights[:, 0].cpu(), torch.eye(L).expand(2, L, L))  # head 0: all weight on itself
-plot_attention(weights[0], [f"x{i}" for i in range(L)], title="A per-head mask: head 0 sees itself, head 1 everything")
-plt.show()
-
-# %% [markdown]
-# ## 3. What to look for
+# ## 5. What to look for
 #
 # With the restricted module in hand (same weights as the unrestricted one, only the mask
 # differs), the exercise asks you to compare the two:
@@ -150,8 +310,9 @@ plt.show()
 #    (The model's `<cls>` token sits at position 0, so it always belongs to head 0's half.)
 #
 # Then the written part: a few sentences on what changed and what this suggests about the role
-# of attention heads. The solution notebook has a model answer, backed by its measurements;
-# write yours before you read it.
+# of attention heads. One trained model is one sample (chapter 06 showed how much a single run
+# can mislead), so make your claims about the model *you* trained, and say which ones you would
+# expect to hold for any seed.
 #
 # ## Your turn
 #
@@ -159,7 +320,16 @@ plt.show()
 #   `workspace/08_restricting_heads.ipynb`. The exercise notebook is
 #   `exercises/08_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.
-# - Compare with `solutions/08_restricting_heads.ipynb` when you are done.
+# - Write your answer before you read the model answer.
+#
+# ## After the exercise
+#
+# The model answer is in `solutions/08_restricting_heads.ipynb`, Part 4. It does not rest on the
+# one model the notebook trains: it reads the course's **seed study**, the same free and
+# restricted models trained from 30 seeds on three CPU kernel paths
+# (`mha_lib.sentiment.load_study()`; `make study` re-runs it), and quotes only what held across
+# those runs, with counts and ranges. Compare your own model with those distributions: it is one
+# dot among them.
 #
 # ## Recap of the course
 #
@@ -171,15 +341,18 @@ plt.show()
 #   batched call: the parameter count of one wide head, split into several views.
 # - **Chapter 04:** padding and causal masks, cross-attention, and rows with nothing to attend to.
 # - **Chapter 05:** a module is proven against PyTorch's own, to the tolerance its dtype allows.
-# - **Chapter 06:** trained heads specialize, and ablation measures what each one is for.
+# - **Chapter 06:** heads of a trained model specialize, ablation measures what each one is for,
+#   and only a study over many seeds says which findings are robust.
 # - **Chapter 07:** the same maths, fused, without ever storing the `L × L` weights.
-# - **Chapter 08:** a mask per head decides what each head may see, and the trained model shows
-#   what that costs.
+# - **Chapter 08:** a mask per head decides what each head may see: windows, global tokens and
+#   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
 # ## Where to go next
 #
 # - Vaswani et al., "Attention Is All You Need" (2017): the paper, now easy to read.
 # - The Annotated Transformer (Harvard NLP): the whole model, line by line.
+# - Beltagy et al., "Longformer" (2020), and Jiang et al., "Mistral 7B" (2023): restricted
+#   attention at scale, in a few readable pages each.
 # - Sebastian Raschka, *Build a Large Language Model (From Scratch)*, chapter 3, and the
 #   attention chapters of *Dive into Deep Learning* (d2l.ai): other paths through the same ideas.
 # - *Transformers in Action* (Manning), the book this course drew its encoder examples from.

@@ -94,12 +94,14 @@ check_restricted_attention(restricted_attention)
 # ## Part 2 · What the restriction changes
 #
 # The source post's tiny configuration: a batch of 2 sequences of 4 tokens, embeddings of 8,
-# 2 heads. The two modules below share their weights; only the mask differs.
+# 2 heads. The two modules below share their weights; only the mask differs. This part only
+# looks, so the module's weights need no gradients (`requires_grad_(False)`): the tensors you
+# print then carry no `grad_fn=...` line.
 
 # %%
 seed_everything(0)
-mha = MultiHeadAttention(d_model=8, num_heads=2).to(device).eval()
-x = torch.randn(2, 4, 8).to(device)
+mha = MultiHeadAttention(d_model=8, num_heads=2).to(device).eval().requires_grad_(False)
+x = torch.randn(2, 4, 8).to(device)  # (B, L, d_model)
 
 # %% [markdown]
 # ### 2.1 · The per-head maps, side by side
@@ -137,15 +139,14 @@ x = torch.randn(2, 4, 8).to(device)
 # ### 2.4 · A longer sentence
 #
 # Repeat 2.1 on a sentence of 9 words, with the words as the maps' axis labels: "the movie was
-# not bad but the ending was". Use random embeddings of size 16 and a fresh two-head module,
-# both made after `seed_everything(1)`. Which keys does each head keep, which head gets the middle
-# word of this odd-length sentence, and what does that mean for "not" and "bad"?
+# not bad but the ending was". Call `seed_everything(1)`, then make, **in this order**, a fresh
+# two-head module, `MultiHeadAttention(d_model=16, num_heads=2)`, and random embeddings,
+# `torch.randn(1, 9, 16)`: both draw from the same random generator, so the other order gives
+# other weights and other maps. Which keys does each head keep, which head gets the middle word
+# of this odd-length sentence, and what does that mean for "not" and "bad"?
 
 # %%
 # your code here
-
-# %% [markdown]
-#
 
 # %% [markdown]
 # ## Part 3 · What it costs a trained model
@@ -159,26 +160,43 @@ x = torch.randn(2, 4, 8).to(device)
 #    token ids `(B, L)` (the padding id is `vocab.pad_id`). The halves come from each sentence's
 #    own length, not from the padded `L`: with `halves_mask(L)`, a short sentence would lie
 #    entirely in head 0's half. The padding keys may stay True: the model masks them anyway.
-# 2. Train the unrestricted model as in chapter 06, then measure its held-out accuracy in three
-#    groups: plain sentences, negated sentences with "not" and the sentiment word in the **same**
-#    half, and in **different** halves. Then apply the restriction to the trained model without
-#    retraining, and measure again.
-# 3. Retrain with the restriction from the start (a few seeds) and measure again.
+# 2. Train the unrestricted model as in chapter 06 (seed 0), then measure its held-out accuracy
+#    in three groups: plain sentences, negated sentences with "not" and the sentiment word in the
+#    **same** half, and in **different** halves. Then apply the restriction to the trained model
+#    without retraining, and measure again.
+# 3. Retrain with the restriction from the start (seed 0) and measure again.
+# 4. One trained model is one sample. Compare yours with the course's **seed study**
+#    (`mha_lib.sentiment.load_study()`), the same three measurements for 30 seeds on three CPU
+#    kernel paths: where do your numbers fall among theirs?
 #
 # `mha_lib.sentiment` has what you need: `make_datasets`, `Vocab`, `SentimentClassifier`,
 # `train_model(model, train, vocab, mask=..., reports=0)` and `predict(model, examples, vocab,
 # mask=...)`, whose `mask` may be a function of the batch's tokens, like `halves_for_batch`. An
 # `Example` knows its `tokens`, `negated`, `negation_pos` and `sentiment_pos` (word indices:
-# word `i` sits at position `i + 1`, after `<cls>`).
+# word `i` sits at position `i + 1`, after `<cls>`). The models train on one CPU thread, as in
+# chapter 06 and in the study: fastest for a model this small.
 
 # %%
-from mha_lib.sentiment import SentimentClassifier, Vocab, make_datasets, predict, train_model
+from mha_lib.sentiment import SentimentClassifier, Vocab, load_study, make_datasets, predict, train_model
 
+torch.set_num_threads(1)  # this notebook's choice: a model this small trains fastest on one thread
 train, test = make_datasets()
 vocab = Vocab.for_task()
 
 # %%
 # your code here
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (training numbers differ in the last digits between machines, so the accuracies can too)
+# your code here
+
+# %% [markdown]
+# Whatever you printed is one run: on another machine the same seed may give other numbers
+# (chapter 06). Which of your observations would hold for any seed? The seed study tells. Plot
+# its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
+# study, {label: fn(run)}, yours={label: value})` draws such a plot, and each run of
+# `study.runs` holds `run["halves"][model][group]` for the three models and groups above.
 
 # %%
 # your code here
@@ -187,7 +205,8 @@ vocab = Vocab.for_task()
 # ## Part 4 · What changed, and what it suggests
 #
 # Write a few sentences: what changed in the outputs, and what does this suggest about the role
-# of attention heads? Back each claim with a number you measured above.
+# of attention heads? Back each claim with a number you measured above, and say which of your
+# claims you would expect to hold for any seed, and which are about the model you trained.
 #
 # *Your answer here (double-click this cell to edit it).*
 #

@@ -120,8 +120,8 @@ check_head_ablation(silence_head)
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
 # **Discussion.** Chapter 06 does the same with a forward pre-hook on `W_o`
-# (`mha_lib.sentiment.silence_heads`), which switches a head off inside a whole trained model
-# without rewriting its forward pass.
+# (`silence_heads` in `mha_lib.heads`, also importable from `mha_lib.sentiment`), which switches
+# a head off inside a whole trained model without rewriting its forward pass.
 # <!-- END SOLUTION -->
 #
 # <!-- EXERCISE ONLY
