@@ -195,8 +195,10 @@ vocab = Vocab.for_task()
 # Whatever you printed is one run: on another machine the same seed may give other numbers
 # (chapter 06). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
-# study, {label: fn(run)}, yours={label: value})` draws such a plot, and each run of
-# `study.runs` holds `run["halves"][model][group]` for the three models and groups above.
+# study, {label: fn(run)}, yours={label: value})` draws such a plot. Each run of `study.runs`
+# holds `run["halves"][model][group]`, with `model` one of `"free, tested free"`,
+# `"free, tested restricted"` and `"trained restricted"`, and `group` one of `"plain"`,
+# `"same half"` and `"different halves"`.
 
 # %%
 # your code here
