@@ -538,8 +538,8 @@ plot_runs(ax, study, {"negation head": share_on_not("negation"), "other head": s
 plt.show()
 
 # %% [markdown]
-# Every dot is one trained model; the star is yours. (Its exact place varies by machine; that it
-# lies among the dots is what the assert above checks.)
+# Every dot is one trained model; the star is yours. Its exact place varies by machine; the
+# assert above checks that your model has a negation head by the study's margin.
 #
 # **What the other head brings.** In negated sentences the negation head looks at "not", so
 # the sentiment word, the other half of the clue, must come from the other head. It does, for
@@ -630,8 +630,8 @@ assert k == 54
 # The guess is wrong for most runs: in 54 of the 76 runs that learned, the model still got at
 # least 95% of both groups right without its feed-forward network. Each head writes its report
 # through its own columns of `W_o`, so the two reports arrive at `<cls>` as two separate
-# vectors added up, and one linear map of that sum (after the normalization) is enough to put
-# "not good" and "not bad" on opposite sides. In the other runs the feed-forward network's
+# vectors added up, and in those runs one linear map of that sum (after the normalization) is
+# enough to put "not good" and "not bad" on opposite sides. In the other runs the feed-forward network's
 # correction is part of the solution, and without it some groups fall to chance or below. Where
 # your model's star lies varies by machine.
 #
