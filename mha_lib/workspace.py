@@ -2,6 +2,7 @@
 
     python -m mha_lib start 01     # copy exercises/01_*.ipynb to workspace/, once
     python -m mha_lib list         # the exercises, and which ones you have started
+    python -m mha_lib progress     # which of them pass (mha_lib.progress)
 
 ``workspace/`` is ignored by git: updates to the course change ``exercises/`` and
 ``solutions/``, never your copies. A copy that exists is never overwritten.
@@ -9,18 +10,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-import nbformat
-
-__all__ = ["course_root", "find_exercise", "start", "list_exercises"]
+__all__ = ["AlreadyStarted", "WorkspaceError", "course_root", "find_exercise", "start", "list_exercises"]
 
 WORKSPACE_README = """# Your workspace
 
 Your own copies of the exercises live here. Git ignores this folder, so `git pull` never
 changes it: update the course freely. Start an exercise with `python -m mha_lib start NN`
 (or `make exercise N=NN`); it refuses to overwrite a copy you already have.
+`make progress` (or `python -m mha_lib progress`) runs a copy of each of your notebooks and
+shows which exercises pass; it never modifies them.
 """
 # Keep the copies as plain notebooks: no paired .py files in the workspace.
 WORKSPACE_JUPYTEXT = 'formats = "ipynb"\n'
@@ -28,6 +30,10 @@ WORKSPACE_JUPYTEXT = 'formats = "ipynb"\n'
 
 class WorkspaceError(Exception):
     """Something the learner can fix; the message says how."""
+
+
+class AlreadyStarted(WorkspaceError):
+    """The learner already has a copy of this exercise: it is kept, nothing is copied."""
 
 
 def course_root() -> Path:
@@ -63,8 +69,8 @@ def start(which: str, root: Path | None = None) -> Path:
     workspace = root / "workspace"
     target = workspace / source.name
     if target.exists():
-        raise WorkspaceError(
-            f"{target.relative_to(root)} already exists: your work is kept and nothing was copied.\n"
+        raise AlreadyStarted(
+            f"You already have {target.relative_to(root)}: your work is kept and nothing was copied.\n"
             f"To start over with a fresh copy, rename yours first, e.g.\n"
             f"    mv {target.relative_to(root)} {target.with_stem(target.stem + '_old').relative_to(root)}\n"
             f"then run this command again."
@@ -73,12 +79,13 @@ def start(which: str, root: Path | None = None) -> Path:
     for name, text in (("README.md", WORKSPACE_README), ("jupytext.toml", WORKSPACE_JUPYTEXT)):
         if not (workspace / name).exists():
             (workspace / name).write_text(text)
-    nb = nbformat.read(source, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    nb.metadata.pop("jupytext", None)
-    nbformat.write(nb, target)
+    # Plain JSON, as nbformat writes it: importing nbformat would take most of a second.
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    nb["metadata"].pop("jupytext", None)
+    target.write_text(json.dumps(nb, ensure_ascii=False, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return target
 
 
