@@ -2,6 +2,8 @@
 #
 #   make lab             set up .venv (first time only) and start JupyterLab on the course
 #   make exercise N=01   copy exercise 01 into workspace/ (never overwrites your copy)
+#   make progress        run your notebooks in workspace/ and show which exercises pass
+#   make book            build the course as a web book in build/book/ (from the committed notebooks)
 #   make test            set up .venv, then run the whole suite (what CI runs)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
 #   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it (maintainers)
@@ -15,17 +17,25 @@ HOST   ?= 127.0.0.1
 PYTEST_ARGS ?=
 
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Two stamps: what a learner needs (requirements.txt: `make lab`, `make exercise`,
+# `make progress`), and on top of it what only the tests, CI and the book need
+# (requirements-dev.txt: pytest, Playwright, actionlint, Sphinx).
+STAMP     := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+# JupyterLab's settings for the course (no news pop-up, Markdown opens rendered), as
+# defaults in .venv, never in your home folder: your own settings still win.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
-.PHONY: help setup lab exercise test test-lib test-notebooks test-gpu notebooks study clean
+.PHONY: help setup lab exercise progress book test test-lib test-notebooks test-gpu notebooks study clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
 
 # Set-up: a virtual environment with the pinned requirements and mha_lib
 # (editable, so changes to mha_lib/ are picked up without reinstalling).
-# It is redone only when requirements.txt or pyproject.toml change.
-setup: $(STAMP)
+# It is redone only when requirements.txt or pyproject.toml change. `make setup` is
+# everything, for maintainers; `make lab` installs only what a learner needs.
+setup: $(STAMP) $(DEV_STAMP) $(LAB_OVERRIDES)
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { \
@@ -36,28 +46,48 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+$(LAB_OVERRIDES): .jupyterlab/overrides.json $(STAMP)
+	@mkdir -p $(@D)
+	cp .jupyterlab/overrides.json $@
+
 # JupyterLab refuses to run as root unless told; the token comes from
 # JUPYTER_TOKEN when set (otherwise Jupyter makes one and prints the URL).
 # .venv/bin goes first on PATH, so `python` in JupyterLab's terminal is the course's.
-lab: $(STAMP)
+# It opens on README.md, rendered (the chapter table; tests/test_browser.py checks it).
+lab: $(STAMP) $(LAB_OVERRIDES)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
 	  $(if $(JUPYTER_TOKEN),--IdentityProvider.token=$(JUPYTER_TOKEN)) \
 	  --ServerApp.root_dir=$(CURDIR) \
-	  --LabApp.default_url=/lab/tree/chapters/01_dot_product_attention.ipynb
+	  --LabApp.default_url=/lab/tree/README.md
 
+# `python -m mha_lib start` exits 3 when you already have a copy: make reports that (your
+# work is kept) and succeeds; an unknown N still fails.
 exercise: $(STAMP)
 	@test -n "$(N)" || { echo "usage: make exercise N=01"; exit 2; }
-	$(PY) -m mha_lib start $(N)
+	@$(PY) -m mha_lib start $(N) || [ $$? -eq 3 ]
+
+# Runs a copy of each of your notebooks in workspace/ (never modifies them); `make progress
+# N=03` for one chapter, PROGRESS_TIMEOUT=300 for slow machines (seconds per notebook).
+progress: $(STAMP)
+	@$(PY) -m mha_lib progress $(N) $(if $(PROGRESS_TIMEOUT),--timeout $(PROGRESS_TIMEOUT))
+
+# The web book, from the notebooks as committed (no execution): build/book/index.html.
+book: $(DEV_STAMP)
+	$(PY) book/build.py
 
 # Everything: mha_lib's tests and every notebook under nbval (see pyproject.toml).
-test: $(STAMP)
+test: $(DEV_STAMP) $(LAB_OVERRIDES)
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
-test-lib: $(STAMP)
+test-lib: $(DEV_STAMP) $(LAB_OVERRIDES)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-test-notebooks: $(STAMP)
+test-notebooks: $(DEV_STAMP)
 	$(PY) -m pytest chapters exercises solutions $(PYTEST_ARGS)
 
 # On a machine with an NVIDIA GPU (the GPU CI job): mha_lib's tests, whose CUDA cases run
@@ -67,7 +97,7 @@ test-notebooks: $(STAMP)
 # `# NBVAL_CHECK_OUTPUT` are compared. The first line fails at once when MHA_DEVICE
 # names a device this machine lacks. `make test-gpu MHA_DEVICE=cpu` tries it on a CPU.
 test-gpu: MHA_DEVICE ?= cuda
-test-gpu: $(STAMP)
+test-gpu: $(DEV_STAMP)
 	MHA_DEVICE=$(MHA_DEVICE) $(PY) -c 'import mha_lib; print("test-gpu runs on", mha_lib.get_device())'
 	MHA_DEVICE=$(MHA_DEVICE) $(PY) -m pytest -n 2 --dist loadfile -m "not browser" tests $(PYTEST_ARGS)
 	MHA_DEVICE=$(MHA_DEVICE) $(PY) -m pytest -n 2 --dist loadfile --nbval-lax chapters exercises solutions $(PYTEST_ARGS)

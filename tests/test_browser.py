@@ -1,15 +1,18 @@
-"""Chapter 01 in a real browser: JupyterLab, headless Chromium, Run → Run All Cells.
+"""JupyterLab in a real browser, started as `make lab` starts it, in headless Chromium.
 
-nbval proves that the notebook's code runs; this test proves what a learner sees: the
-notebook opens in JupyterLab, every cell runs from the menu, no cell shows an error or a
-warning, and the attention maps are drawn. It works on a temporary copy of the chapter
-(the committed notebook is never touched) and saves a screenshot under ``artifacts/``.
+nbval proves that the notebook's code runs; these tests prove what a learner sees:
 
-It needs Playwright's Python package (in requirements.txt) and a Chromium on the machine:
-Debian's ``chromium`` package (``apt-get install chromium``) at ``/usr/bin/chromium``, or
-the one named by ``MHA_CHROMIUM``. Playwright's own browser download is never used. The
-test skips, saying why, when either is missing, unless ``MHA_REQUIRE_BROWSER=1`` (set by
-CI), where it fails instead.
+- ``make lab`` opens on the course's landing page (README.md, rendered, with the chapter
+  table, whose links open the chapters), and JupyterLab's "Would you like to get notified
+  about official Jupyter news?" question does not pop up (the settings in
+  ``.jupyterlab/overrides.json``, which ``make lab`` installs into .venv);
+- chapter 01 opens, every cell runs from Run → Run All Cells, no cell shows an error or a
+  warning, and the attention maps are drawn.
+
+The server runs with the same options as ``make lab`` (read from ``make -n lab``) in a
+temporary folder that holds a copy of README.md and of chapter 01 (the committed files are
+never touched), and screenshots go to ``artifacts/browser/``. Chromium and Playwright: see
+tests/browser_support.py (skips without them, fails instead when ``MHA_REQUIRE_BROWSER=1``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,47 +33,43 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from browser_support import VIEWPORT, launch, missing, sync_playwright  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "chapters" / "01_dot_product_attention.ipynb"
+LANDING = ROOT / "README.md"
+OVERRIDES = ROOT / ".jupyterlab" / "overrides.json"
 ARTIFACTS = ROOT / "artifacts" / "browser"
-CHROMIUM = Path(os.environ.get("MHA_CHROMIUM") or "/usr/bin/chromium")
-# --no-sandbox: Chromium's sandbox refuses to run as root (and inside most containers).
-CHROMIUM_ARGS = [
-    "--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage",
-    "--disable-gpu", "--disable-quic", "--disable-sync", "--no-first-run",
-]
-VIEWPORT = {"width": 1440, "height": 1000}
 SERVER_START_TIMEOUT = 60  # s, until the server answers
 RUN_ALL_TIMEOUT = 120  # s, from Run All Cells until the kernel is idle with every cell run
-# JupyterLab settings for the test's own settings folder: render every cell (no windowing,
-# so the DOM holds the whole notebook) and keep news and update checks (network) off.
+# The test's own user settings (JupyterLab's settings folder, not yours): render every cell
+# (no windowing, so the DOM holds the whole notebook). Nothing else: the news question must
+# be kept away by the course's own overrides, as for a learner.
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-        "fetchNews": "false", "checkForUpdates": False,
-    },
 }
+# Options the test sets itself, whatever `make lab` says.
+OWN_OPTIONS = ("--ServerApp.root_dir=", "--IdentityProvider.token=", "--ip=", "--port=")
 
 
-def _missing(reason: str) -> None:
-    if os.environ.get("MHA_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason} (MHA_REQUIRE_BROWSER=1, so this is an error, not a skip)", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def sync_playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("Playwright's Python package is not installed (pip install -r requirements.txt)")
-    if not (CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK)):
-        _missing(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium) "
-                 "or set MHA_CHROMIUM to a Chromium binary")
-    return sync_playwright
+def make_lab_options() -> list[str]:
+    """The options `make lab` gives `jupyter lab` (--LabApp.default_url=..., ...), from `make -n lab`."""
+    if shutil.which("make") is None:
+        missing("make is not installed; the test starts JupyterLab as `make lab` does")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "JUPYTER_TOKEN")}
+    # -o: never rebuild .venv here, whatever its stamps say; only print the command.
+    result = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "-o", ".venv/share/jupyter/lab/settings/overrides.json",
+         "lab", "JUPYTER_TOKEN=unused"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, f"make -n lab failed:\n{result.stdout}{result.stderr}"
+    command = next((line for line in result.stdout.replace("\\\n", " ").splitlines() if " lab " in line), "")
+    assert "jupyter lab" in command, f"make -n lab printed no `jupyter lab` command:\n{result.stdout}"
+    options = re.findall(r"--(?:ServerApp|LabApp|IdentityProvider)\.[\w.]+=[^\s'\"]+", command)
+    return [o for o in options if not o.startswith(OWN_OPTIONS)]
 
 
 def _free_port() -> int:
@@ -95,6 +95,11 @@ class Lab:
                                          headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status
+
+    def get_json(self, path: str, timeout: float = 10):
+        request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
 
 
 def _stop(lab: Lab) -> None:
@@ -136,10 +141,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """JupyterLab on loopback, serving a temporary folder that holds a copy of chapter 01."""
     if not NOTEBOOK.is_file():
         pytest.fail(f"the notebook under test is missing: {NOTEBOOK}", pytrace=False)
+    installed = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    if not installed.is_file() or installed.read_bytes() != OVERRIDES.read_bytes():
+        pytest.fail(f"{installed} is missing or differs from {OVERRIDES.relative_to(ROOT)}: `make lab` "
+                    "(and `make test`) install it; run `make setup`", pytrace=False)
+    options = make_lab_options()
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
-    root.mkdir()
-    _copy_without_outputs(NOTEBOOK, root / NOTEBOOK.name)
+    (root / "chapters").mkdir(parents=True)
+    _copy_without_outputs(NOTEBOOK, root / NOTEBOOK.relative_to(ROOT))
+    shutil.copy(LANDING, root / LANDING.name)
     settings = base / "settings"
     for name, values in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
@@ -157,8 +168,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     command = [
         sys.executable, "-m", "jupyter", "lab", "--no-browser",
         "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", *options,
     ]
     if os.geteuid() == 0:
         command.append("--allow-root")
@@ -217,8 +227,7 @@ def run_in_lab(lab: Lab, sync_playwright, name: str, screenshot: Path) -> dict:
     report what the page shows. Saves ``screenshot``, also when something fails."""
     code = _code_cells(lab.root / name)
     with sync_playwright() as p:
-        launch_args = CHROMIUM_ARGS + (["--no-sandbox"] if os.geteuid() == 0 else [])
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=launch_args)
+        browser = launch(p)
         page = browser.new_page(viewport=VIEWPORT)
         console: list[str] = []
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
@@ -290,6 +299,59 @@ def run_in_lab(lab: Lab, sync_playwright, name: str, screenshot: Path) -> dict:
             browser.close()
 
 
+NEWS_QUESTION = "official Jupyter news"
+
+
+def test_make_lab_opens_on_the_landing_page_without_the_news_question(sync_playwright, lab: Lab) -> None:
+    """What a learner sees first: the README, rendered, with the chapter table; no news pop-up."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    screenshot = ARTIFACTS / "landing.png"
+    screenshot.unlink(missing_ok=True)
+    # The course's settings: the overrides replace the defaults of JupyterLab's own schemas.
+    notification = lab.get_json("/lab/api/settings/@jupyterlab/apputils-extension:notification")
+    fetch_news = notification["schema"]["properties"]["fetchNews"]["default"]
+    assert fetch_news == "false", (f"JupyterLab would ask about news (fetchNews defaults to {fetch_news!r}): "
+                                   f"the overrides in {OVERRIDES.relative_to(ROOT)} did not apply")
+    chapters = [f"chapters/{p.name}" for p in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))]
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport=VIEWPORT)
+        console: list[str] = []
+        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        try:
+            # The address `make lab` prints is the server's root plus its default_url; the
+            # root redirects there, so this is what a learner's first click opens.
+            page.goto(f"{lab.url}/?token={lab.token}", timeout=60_000)
+            viewer = page.locator(".jp-MarkdownViewer .jp-RenderedMarkdown")
+            viewer.first.wait_for(timeout=60_000)
+            assert "/lab/tree/README.md" in page.url, f"JupyterLab opened {page.url}, not the README"
+            title = viewer.first.locator("h1").first.inner_text()
+            assert "multi-head attention" in title.lower(), f"the landing page's title is {title!r}"
+            # JupyterLab rewrites a relative link to its /files/ address and opens it itself.
+            hrefs = viewer.first.locator("a").evaluate_all("as => as.map(a => a.getAttribute('href'))")
+            links = {m.group(0) for h in hrefs if (m := re.search(r"chapters/\d\d_\w+\.ipynb", h or ""))}
+            missing_links = [c for c in chapters if c not in links]
+            assert not missing_links, f"the landing page's chapter table has no link to {missing_links}"
+            assert page.locator(".jp-FileEditor").count() == 0, "README.md opened in the text editor, not rendered"
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(screenshot))
+            # The question pops up once the app is restored and the settings are loaded; the
+            # notebook opened below proves that has happened.
+            viewer.first.locator("a[href*='chapters/01_dot_product_attention.ipynb']").first.click()
+            page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current").first.inner_text()
+            assert "01_dot_product_attention.ipynb" in tab, f"the chapter table's link opened {tab!r}"
+            page.wait_for_timeout(1_000)
+            toasts = page.locator(".Toastify__toast").all_inner_texts()
+        finally:
+            browser.close()
+            for session in lab.get_json("/api/sessions"):  # the next test starts from a fresh kernel
+                lab.api(f"/api/sessions/{session['id']}", method="DELETE")
+    assert not [t for t in toasts if NEWS_QUESTION in t], f"JupyterLab asked about news: {toasts}"
+    assert not console, f"errors in the page: {console}"
+    assert screenshot.stat().st_size > 10_000, f"the screenshot {screenshot} looks empty"
+
+
 def test_chapter_01_runs_in_jupyterlab(sync_playwright, lab: Lab) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / f"{NOTEBOOK.stem}.png"
@@ -297,7 +359,7 @@ def test_chapter_01_runs_in_jupyterlab(sync_playwright, lab: Lab) -> None:
         old.unlink(missing_ok=True)
     before = NOTEBOOK.read_bytes()
 
-    seen = run_in_lab(lab, sync_playwright, NOTEBOOK.name, screenshot)
+    seen = run_in_lab(lab, sync_playwright, NOTEBOOK.relative_to(ROOT).as_posix(), screenshot)
 
     assert not seen["stderr"], (
         "cells showed errors or warnings (stderr) in JupyterLab:\n" + "\n---\n".join(seen["stderr"])
@@ -318,3 +380,4 @@ def test_chapter_01_runs_in_jupyterlab(sync_playwright, lab: Lab) -> None:
     )
     assert screenshot.stat().st_size > 10_000, f"the screenshot {screenshot} looks empty"
     assert NOTEBOOK.read_bytes() == before, f"{NOTEBOOK} was modified; the test must work on a copy"
+

@@ -1,0 +1,50 @@
+"""Headless Chromium for the browser tests (test_browser.py: JupyterLab; test_book.py: the web book).
+
+They use Debian's ``chromium`` package (``apt-get install chromium``) at ``/usr/bin/chromium``,
+or the browser named by ``MHA_CHROMIUM``, driven by Playwright's Python package
+(requirements-dev.txt); Playwright's own browser download is never used. Without either,
+the tests skip, saying why, unless ``MHA_REQUIRE_BROWSER=1`` (set by CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path(os.environ.get("MHA_CHROMIUM") or "/usr/bin/chromium")
+# --no-sandbox (added for root): Chromium's sandbox refuses to run as root (and inside most
+# containers). --disable-background-networking and the rest: no request leaves the machine
+# except the pages under test.
+CHROMIUM_ARGS = [
+    "--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage",
+    "--disable-gpu", "--disable-quic", "--disable-sync", "--no-first-run",
+]
+VIEWPORT = {"width": 1440, "height": 1000}
+
+
+def missing(reason: str) -> None:
+    """Skip, or fail when CI requires the browser tests to run."""
+    if os.environ.get("MHA_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (MHA_REQUIRE_BROWSER=1, so this is an error, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def sync_playwright():
+    """Playwright's ``sync_playwright``, once the package and Chromium are known to be there."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("Playwright's Python package is not installed (pip install -r requirements-dev.txt)")
+    if not (CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK)):
+        missing(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium) "
+                "or set MHA_CHROMIUM to a Chromium binary")
+    return sync_playwright
+
+
+def launch(playwright):
+    """A headless Chromium (close it when done)."""
+    args = CHROMIUM_ARGS + (["--no-sandbox"] if os.geteuid() == 0 else [])
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)

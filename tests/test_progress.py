@@ -1,0 +1,215 @@
+"""``make progress`` / ``python -m mha_lib progress``: the learner's table of exercises.
+
+Without a kernel: the exercises are read from the course's generated notebooks (each check
+under its heading), the table's layout, a notebook that is not valid JSON, exercises not
+started. With kernels (few, small: each start costs seconds): a workspace with chapter 01's
+solutions (all pass), chapter 02's untouched exercises (all "not implemented"), chapter 03
+with a wrong answer and a half-typed cell, chapter 05 whose imports fail, chapter 04 as
+broken JSON, run through the command line; and a notebook that hangs, stopped by the limit.
+The learner's files are never modified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mha_lib import checks, progress
+from mha_lib.progress import Exercise, Report, Row
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def course_copy(tmp_path: Path) -> Path:
+    """A course folder with the real exercises/ (what progress reads) and an empty workspace/."""
+    root = tmp_path / "course"
+    shutil.copytree(ROOT / "exercises", root / "exercises")
+    (root / "workspace").mkdir()
+    return root
+
+
+def edit(source: Path, target: Path, change) -> None:
+    """Write ``source`` to ``target`` with ``change(code)`` applied to every code cell."""
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["source"] = change("".join(cell["source"]))
+            cell["outputs"], cell["execution_count"] = [], None
+    target.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
+
+
+def table(text: str) -> dict[str, str]:
+    """{"1.2": "✅ passed", ...} from the printed table."""
+    rows = {}
+    for line in text.splitlines():
+        match = re.search(r"\s(\d+\.\d+) .*?\s{2,}(\S.*)$", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+# ----------------------------------------------------------------------- no kernel
+
+def test_the_exercises_come_from_the_generated_notebooks_each_with_its_check():
+    exercises, titles = progress.course_exercises(ROOT)
+    stems = [p.stem for p in sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))]
+    assert list(exercises) == stems and list(titles) == stems
+    numbers = [e.number for chapter in exercises.values() for e in chapter]
+    assert len(numbers) == len(set(numbers)) >= 2 * len(stems), numbers
+    for stem, chapter in exercises.items():
+        assert chapter, f"exercises/{stem}.ipynb has no '### Exercise N.M · Title' heading"
+        for exercise in chapter:
+            assert exercise.number.split(".")[0] == str(int(stem[:2])), (stem, exercise.number)
+            assert exercise.checks, f"exercise {exercise.number} ({stem}) calls no check_*(...) under its heading"
+            for name in exercise.checks:
+                assert callable(getattr(checks, name, None)), f"{stem}: {name} is not in mha_lib.checks"
+    first = exercises[stems[0]]
+    assert (first[1].number, first[1].title, first[1].checks) == ("1.2", "A causal mask", ("check_causal_mask",))
+    assert titles[stems[0]] == "Attention from one dot product"
+
+
+def test_the_solutions_call_the_same_checks_so_a_solved_copy_maps_onto_the_exercises():
+    exercises, _ = progress.course_exercises(ROOT)
+    for stem, chapter in exercises.items():
+        solution = json.loads((ROOT / "solutions" / f"{stem}.ipynb").read_text())
+        cells = [c for c in solution["cells"]]
+        owners = progress._assign_cells(cells, chapter)
+        called = {o.number for c, o in zip(cells, owners) if o and c["cell_type"] == "code"
+                  and progress.check_calls("".join(c["source"]))}
+        assert called == {e.number for e in chapter}, f"solutions/{stem}: checks for {called}"
+
+
+@pytest.mark.parametrize(("code", "calls"), [
+    ("check_causal_mask(causal_mask)", ["check_causal_mask"]),
+    ("from mha_lib.checks import (\n    check_a,\n    check_b,\n)", []),
+    ("r = checks.check_split_heads(f)\nprint(r)", ["check_split_heads"]),
+    ("%time check_padding_mask(padding_mask)", ["check_padding_mask"]),  # a magic: not Python
+    ("def f(x:\n    pass\ncheck_combine_heads(f)", ["check_combine_heads"]),  # half typed
+    ("assert check_a(f) and check_b(g)", ["check_a", "check_b"]),
+])
+def test_check_calls_are_found_in_code_that_is_not_python(code, calls):
+    assert progress.check_calls(code) == calls
+
+
+def test_not_started_and_unreadable_notebooks_need_no_kernel(tmp_path, monkeypatch):
+    root = course_copy(tmp_path)
+    broken = root / "workspace" / "01_dot_product_attention.ipynb"
+    broken.write_text('{"cells": [{"cell_type": "code", "source": "def f(x):\n')  # saved mid-edit
+    before = broken.read_bytes()
+    monkeypatch.setattr(progress, "_run", lambda *a: pytest.fail("no notebook should run"))
+    report = progress.check_workspace(root)
+    first = [r for r in report.rows if r.chapter.startswith("01_")]
+    assert len(first) == 1 and first[0].exercise is None and first[0].status == progress.UNREADABLE
+    assert "not a notebook that can be read" in first[0].message and "make exercise N=01" in first[0].message
+    rest = [r for r in report.rows if not r.chapter.startswith("01_")]
+    assert rest and all(r.status == progress.NOT_STARTED for r in rest)
+    assert report.done == 0 and report.notebooks_run == 0
+    assert broken.read_bytes() == before
+    text = progress.render(report)
+    assert "💥 workspace/01_dot_product_attention.ipynb is not a notebook that can be read" in text
+    assert "not started (make exercise N=02)" in text
+    assert text.endswith(f"0 of {report.exercises} exercises done. You have no exercise notebook in workspace/ "
+                         "yet: start one with `make exercise N=01`.")
+
+
+def test_the_table_has_one_aligned_line_per_exercise_and_a_total():
+    a = Exercise("01_first", "1.1", "Scores", ("check_a",))
+    b = Exercise("01_first", "1.2", "A much longer exercise title that goes on and on", ("check_b",))
+    c = Exercise("02_second", "2.1", "Heads", ("check_c",))
+    report = Report([Row("01_first", a, "passed", "passed"),
+                     Row("01_first", b, "failed", "the mask lets query 0 see key 1"),
+                     Row("02_second", c, "not implemented", "not implemented yet")],
+                    exercises=3, notebooks_run=2, seconds=7.4,
+                    chapter_titles={"01_first": "The first", "02_second": "The second"})
+    lines = progress.render(report).splitlines()
+    assert lines[0].split() == ["chapter", "exercise", "result"]
+    assert lines[1].startswith("01 The first") and lines[1].endswith("✅ passed")
+    assert lines[2].startswith(" ") and "1.2 A much longer exercise title that goe…" in lines[2]
+    assert lines[2].endswith("❌ the mask lets query 0 see key 1")
+    assert lines[3].startswith("02 The second") and lines[3].endswith("⏳ not implemented yet")
+    assert len({line.index(line.split("  ")[-1].strip()) for line in lines[1:4]}) == 1, "results not aligned"
+    assert lines[-1] == "1 of 3 exercises done. Ran 2 notebooks from workspace/ in 7 s (your files are not modified)."
+    clipped = progress.render(report, width=60).splitlines()
+    assert all(len(line) < 60 for line in clipped[:4]) and clipped[2].endswith("…"), clipped
+
+
+# --------------------------------------------------------------------- with kernels
+
+def test_a_workspace_through_the_command_line(tmp_path):
+    root = course_copy(tmp_path)
+    ws = root / "workspace"
+    shutil.copy(ROOT / "solutions" / "01_dot_product_attention.ipynb", ws)  # all pass
+    edit(ROOT / "exercises" / "02_self_attention_one_head.ipynb", ws / "02_self_attention_one_head.ipynb",
+         lambda code: code)  # untouched: all "not implemented"
+    edit(ROOT / "solutions" / "03_multi_head_attention.ipynb", ws / "03_multi_head_attention.ipynb",
+         lambda code: code.replace(".transpose(1, 2)  # (B, H, L, d_k)", "  # forgot the transpose")
+         .replace("def combine_heads(x):", "def combine_heads(x:"))  # a wrong answer; a half-typed line
+    (ws / "04_masks_and_cross_attention.ipynb").write_text('{"cells": [')  # saved mid-edit
+    edit(ROOT / "exercises" / "05_checking_against_pytorch.ipynb", ws / "05_checking_against_pytorch.ipynb",
+         lambda code: "import a_module_that_does_not_exist\n" + code if "from mha_lib.checks" in code else code)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ws.iterdir()}
+
+    env = dict(os.environ, MHA_COURSE_ROOT=str(root))
+    result = subprocess.run([sys.executable, "-m", "mha_lib", "progress", "--timeout", "120"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    rows = table(out)
+    assert [rows[n] for n in ("1.1", "1.2", "1.3", "1.4")] == ["✅ passed"] * 4, out
+    assert rows["2.1"] == rows["2.2"] == "⏳ not implemented yet", out
+    assert rows["3.1"] == "✅ passed", out
+    assert rows["3.2"].startswith("❌ ") and "(B, L, H, d_k)" in rows["3.2"], out  # the check's own message
+    assert rows["3.3"].startswith('💥 the cell "def combine_heads(x:" raised SyntaxError'), out
+    assert "(line 1)" in rows["3.3"] and ".py" not in rows["3.3"], out
+    assert rows["3.4"].startswith("💥 "), out  # its check reports the missing combine_heads
+    assert "04 Masks and cross-attention" in out and "💥 workspace/04_masks_and_cross_attention.ipynb is not " \
+                                                      "a notebook that can be read" in out, out
+    assert "4.1" not in rows, "an unreadable notebook gets one line, not one per exercise"
+    for number in ("5.1", "5.2", "5.3"):
+        assert "above the exercises, raised ModuleNotFoundError: No module named " \
+               "'a_module_that_does_not_exist'" in rows[number], out
+    assert rows["6.1"] == "not started (make exercise N=06)" and rows["6.2"] == "not started", out
+    exercises = sum(map(len, progress.course_exercises(root)[0].values()))
+    assert re.search(rf"^5 of {exercises} exercises done\. Ran 4 notebooks from workspace/ in \d+ s", out, re.M), out
+    assert "Traceback" not in out + result.stderr, result.stderr
+    for name in ("01_dot_product_attention", "02_self_attention_one_head", "03_multi_head_attention",
+                 "05_checking_against_pytorch"):
+        assert f"ran workspace/{name}.ipynb in" in result.stderr, result.stderr
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ws.iterdir()}
+    assert after == before, "progress modified or added files in workspace/"
+
+
+def test_a_notebook_that_hangs_is_stopped_and_the_rest_is_reported(tmp_path):
+    """A tiny course: the learner's copy hangs in its first cell (no PyTorch to load)."""
+    root = tmp_path / "course"
+    (root / "exercises").mkdir(parents=True)
+    (root / "workspace").mkdir()
+
+    def notebook(cells):
+        return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
+                           **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+                          for i, (kind, source) in enumerate(cells)],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+
+    cells = [("markdown", "# Exercises · Chapter 01 · Tiny"),
+             ("markdown", "## Exercise 1.1 · Wait"), ("code", "check_wait(f)"),
+             ("markdown", "## Exercise 1.2 · Wait more"), ("code", "check_more(g)")]
+    (root / "exercises" / "01_tiny.ipynb").write_text(json.dumps(notebook(cells)))
+    (root / "workspace" / "01_tiny.ipynb").write_text(json.dumps(notebook(
+        [("code", "import time\nwhile True:\n    time.sleep(0.05)")] + cells)))
+    report = progress.check_workspace(root, timeout=2)
+    statuses = [(r.exercise.number if r.exercise else None, r.status) for r in report.rows]
+    assert statuses == [(None, "timed out"), ("1.1", "not run"), ("1.2", "not run")], report.rows
+    assert report.rows[0].message == ('the cell "import time" was still running after the 2 s limit '
+                                      "(an endless loop, or a very slow cell?)")
+    text = progress.render(report)
+    assert "⌛ the cell \"import time\" was still running" in text and "⏸ not checked" in text
+    assert text.splitlines()[-1].startswith("0 of 2 exercises done. Ran 1 notebook from workspace/")
