@@ -14,32 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .validation import check_attention_inputs, check_mask
+
 __all__ = ["scaled_dot_product_attention", "check_mask"]
-
-
-def check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
-    """Raise a clear error if ``mask`` can't be used on scores of ``scores_shape``.
-
-    A mask must be boolean (True = may attend) or floating point (added to the
-    scores), and must broadcast to the scores' shape ``(..., Lq, Lk)`` without
-    growing it. Integer masks are refused: ``0/1`` would silently be *added*.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
-            f"mask has dtype {mask.dtype}; use a bool mask (True = may attend), "
-            "e.g. mask.bool() or mask != 0, or a float mask that is added to the scores"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != scores_shape:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention "
-            f"scores' shape {tuple(scores_shape)} (..., Lq, Lk)"
-        )
 
 
 def scaled_dot_product_attention(
@@ -55,11 +32,19 @@ def scaled_dot_product_attention(
         query: ``(..., Lq, d_k)``.
         key: ``(..., Lk, d_k)``.
         value: ``(..., Lk, d_v)``.
-        mask: optional, broadcastable to ``(..., Lq, Lk)``. A **boolean** mask
-            means ``True`` = may attend, ``False`` = blocked (the convention of
+        mask: optional, broadcastable to the scores ``(..., Lq, Lk)`` without
+            growing them, aligned from the right: ``(Lk,)`` = the keys every
+            query may see, ``(Lq, Lk)`` = one pattern for all, and a size 1
+            wherever it is shared. For scores ``(B, Lq, Lk)`` (one head) a
+            3-D mask is ``(B, Lq, Lk)`` and a key-padding mask is
+            ``(B, 1, Lk)``, i.e. ``padding_mask(lengths)[:, 0]``; for scores
+            ``(B, H, Lq, Lk)`` see :mod:`mha_lib.validation` (a 3-D mask is
+            ``(H, Lq, Lk)`` there). A **boolean** mask means ``True`` = may
+            attend, ``False`` = blocked (the convention of
             ``F.scaled_dot_product_attention``; ``nn.MultiheadAttention`` uses
-            the opposite). A **float** mask is added to the scores (use
-            ``-inf`` to block).
+            the opposite). A **float** mask is added to the scores (0 = may
+            attend, ``-inf`` = blocked, or any bias); one of only 0s and 1s is
+            refused, as it would block nothing: use ``mask.bool()``.
         dropout_p: probability of zeroing an attention weight (the survivors
             are rescaled by ``1 / (1 - dropout_p)``). Pass 0.0 in evaluation.
 
@@ -70,31 +55,15 @@ def scaled_dot_product_attention(
 
     A query whose keys are all blocked gets all-zero weights and a zero output,
     not NaN (softmax over a row of ``-inf`` would be ``0 / 0``); its gradients
-    are zero too.
+    are zero too. Bad input (shapes, dtypes, devices, masks) gets a ValueError or
+    TypeError that names it (:func:`~mha_lib.validation.check_attention_inputs`).
     """
-    if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
-        raise ValueError(
-            "query, key and value need at least 2 dimensions (..., L, d); got "
-            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
-        )
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must share their last dimension d_k; got query "
-            f"{tuple(query.shape)} and key {tuple(key.shape)}"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length Lk; got key "
-            f"{tuple(key.shape)} and value {tuple(value.shape)}"
-        )
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    dropout_p = check_attention_inputs(query, key, value, mask, dropout_p)
 
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., Lq, Lk)
 
     if mask is not None:
-        check_mask(mask, scores.shape)
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:

@@ -10,7 +10,7 @@ import torch
 
 __all__ = ["get_device", "seed_everything"]
 
-_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:(0|[1-9]\d*))?)$")  # cuda:N, no leading zeros
 
 
 def _mps_available() -> bool:
@@ -38,13 +38,21 @@ def get_device() -> torch.device:
         return torch.device("cpu")
 
     if not _DEVICE_PATTERN.match(requested):
+        hint = ""
+        if _DEVICE_PATTERN.match(requested.lower()):
+            hint = f" (write it in lower case: {requested.lower()!r})"
+        elif re.fullmatch(r"cuda:0\d+", requested):
+            hint = f" (write the index without leading zeros: 'cuda:{int(requested[5:])}')"
         raise ValueError(
-            f"MHA_DEVICE={requested!r} is not a device the course knows; "
+            f"MHA_DEVICE={requested!r} is not a device the course knows{hint}; "
             "use cpu, cuda, cuda:N or mps, or unset MHA_DEVICE to pick automatically"
         )
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError as error:  # the pattern should make this impossible; name the variable anyway
+        raise ValueError(f"MHA_DEVICE={requested!r} is not a device PyTorch accepts: {error}") from None
     if device.type == "cuda":
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available():  # also when this PyTorch was built without CUDA
             raise RuntimeError(f"MHA_DEVICE={requested!r}, but CUDA is not available on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import check_mask, scaled_dot_product_attention
-from .multi_head import MultiHeadAttention, check_qkv
+from .multi_head import MultiHeadAttention
+from .validation import check_heads, check_qkv
 
 __all__ = ["EfficientMultiHeadAttention"]
 
@@ -42,7 +43,7 @@ class EfficientMultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        self._check_config(d_model, num_heads, dropout)
+        d_model, num_heads, dropout = check_heads(d_model, num_heads, dropout)
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_k = d_model // num_heads
@@ -88,14 +89,15 @@ class EfficientMultiHeadAttention(nn.Module):
             value: ``(B, Lk, d_model)``. Pass the same tensor three times for
                 self-attention (one matmul projects all three).
             mask: optional, broadcastable to ``(B, H, Lq, Lk)``; bool ``True`` =
-                may attend, or float added to the scores.
+                may attend, or float added to the scores; the shapes of
+                :class:`MultiHeadAttention` (:mod:`mha_lib.validation`).
             return_weights: also return the ``(B, H, Lq, Lk)`` attention weights
                 (computed by the explicit path, which stores them).
 
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)``.
         """
-        check_qkv(query, key, value, self.d_model)  # the same checks as the teaching module
+        check_qkv(query, key, value, self.d_model, weight=self.W_o.weight, mask=mask)  # as the teaching module
         B, Lq, D = query.shape
         Lk = key.size(1)
         H, d_k = self.num_heads, self.d_k
@@ -153,18 +155,6 @@ class EfficientMultiHeadAttention(nn.Module):
             mask = mask.masked_fill(blocked, 0.0)
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return heads.masked_fill(blocked, 0.0)  # (B, H, Lq, d_k)
-
-    @staticmethod
-    def _check_config(d_model: int, num_heads: int, dropout: float) -> None:
-        if num_heads < 1 or d_model < 1:
-            raise ValueError(f"d_model and num_heads must be positive, got d_model={d_model}, num_heads={num_heads}")
-        if d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by num_heads={num_heads}: "
-                f"every head needs the same share of the {d_model} features"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, dropout={self.dropout}"

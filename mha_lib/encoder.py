@@ -19,6 +19,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
+from .validation import check_dropout, check_positive_int, check_sequence
 
 __all__ = ["EncoderLayer"]
 
@@ -43,12 +44,9 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
-        if isinstance(d_ff, bool) or not isinstance(d_ff, int) or d_ff < 1:
-            raise ValueError(f"d_ff must be a positive int, got {d_ff!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model = d_model
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        d_ff, dropout = check_positive_int(d_ff, "d_ff"), check_dropout(dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)  # checks d_model, num_heads
+        self.d_model = d_model = self.self_attn.d_model  # a plain int, also for np.int64(8)
         self.feed_forward = nn.Sequential(
             nn.Linear(d_model, d_ff),
             nn.ReLU(),
@@ -68,16 +66,14 @@ class EncoderLayer(nn.Module):
             x: ``(B, L, d_model)``.
             mask: optional, broadcastable to ``(B, H, L, L)``; bool ``True`` = may
                 attend (e.g. :func:`~mha_lib.padding_mask`'s ``(B, 1, 1, L)``, or a
-                per-head ``(H, L, L)``), or float added to the scores.
+                per-head ``(H, L, L)``), or float added to the scores; the shapes
+                :class:`~mha_lib.MultiHeadAttention` accepts.
             return_weights: also return the attention weights.
 
         Returns:
             ``(B, L, d_model)``, or ``(output, weights)`` with weights ``(B, H, L, L)``.
         """
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, L, d_model={self.d_model}), got {tuple(x.shape)}")
+        check_sequence(x, "x", self.d_model, weight=self.norm1.weight)
 
         # 1) attention sublayer: normalize, attend, drop out, add back
         h = self.norm1(x)  # (B, L, D)

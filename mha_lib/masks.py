@@ -1,14 +1,22 @@
 """Boolean attention masks: ``True`` = may attend, ``False`` = blocked.
 
-Both masks are shaped to broadcast against scores ``(B, H, Lq, Lk)``.
+Both are shaped to broadcast against the multi-head scores ``(B, H, Lq, Lk)``:
+``causal_mask(L)`` is ``(L, L)``, one pattern for every sequence and head, and
+``padding_mask(lengths)`` is ``(B, 1, 1, Lk)``, each sequence's real keys for all of
+its heads and queries. For one head's scores ``(B, Lq, Lk)`` (``AttentionHead``, or
+:func:`~mha_lib.scaled_dot_product_attention` on 3-D inputs) use
+``padding_mask(lengths)[:, 0]``, ``(B, 1, Lk)``. Combine them with ``&``.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from .validation import check_positive_int
 
 __all__ = ["causal_mask", "padding_mask"]
 
@@ -16,10 +24,10 @@ __all__ = ["causal_mask", "padding_mask"]
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tensor:
     """Lower-triangular mask: query ``i`` may attend to keys ``0 … i``.
 
-    Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key.
+    Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key. It broadcasts
+    over every leading dimension of the scores: ``(B, L, L)`` or ``(B, H, L, L)``.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    seq_len = check_positive_int(seq_len, "seq_len")
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
@@ -28,11 +36,14 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
 
     Args:
         lengths: ``(B,)`` true length of each sequence (a tensor or a list of ints).
-        max_len: padded length ``Lk``; defaults to ``max(lengths)``.
+        max_len: padded length ``Lk``; defaults to ``max(lengths)``. Pass the padded
+            length of the batch whenever it can be longer than the longest sequence.
 
     Returns:
         bool ``(B, 1, 1, Lk)``: ``mask[b, 0, 0, j]`` is True when ``j < lengths[b]``.
-        It broadcasts over heads and queries of scores ``(B, H, Lq, Lk)``.
+        It broadcasts over heads and queries of scores ``(B, H, Lq, Lk)``; for one
+        head's scores ``(B, Lq, Lk)`` take ``padding_mask(lengths)[:, 0]``, ``(B, 1, Lk)``.
+        Never pass it as a 2-D ``(B, Lk)`` mask: a 2-D mask is read as ``(Lq, Lk)``.
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.numel() == 0:
@@ -44,7 +55,11 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
     longest = int(lengths.max())
     if max_len is None:
         max_len = longest
-    elif max_len < longest:
-        raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
+    elif isinstance(max_len, bool) or not hasattr(max_len, "__index__"):
+        raise ValueError(f"max_len must be an int, the padded length Lk, got {max_len!r} (a {type(max_len).__name__})")
+    else:
+        max_len = operator.index(max_len)  # an int, a NumPy int, or a 0-d tensor such as lengths.max()
+        if max_len < longest:
+            raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
     positions = torch.arange(max_len, device=lengths.device)  # (Lk,)
     return (positions < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)

@@ -12,28 +12,9 @@ from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
+from .validation import check_heads, check_qkv  # check_qkv: also importable from here, as before
 
 __all__ = ["MultiHeadAttention", "check_qkv"]
-
-
-def check_qkv(query: Tensor, key: Tensor, value: Tensor, d_model: int) -> None:
-    """Raise a clear error unless query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` fit.
-
-    Shared by the attention modules (:class:`MultiHeadAttention`, :class:`~mha_lib.AttentionHead`,
-    :class:`~mha_lib.EfficientMultiHeadAttention`), so that they refuse bad input alike.
-    """
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.size(-1) != d_model:
-            raise ValueError(f"{name} must have shape (B, L, d_model={d_model}), got {tuple(x.shape)}")
-    if not query.size(0) == key.size(0) == value.size(0):
-        raise ValueError(
-            f"query, key and value must have the same batch size, got "
-            f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
-        )
-    if key.size(1) != value.size(1):
-        raise ValueError(f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}")
 
 
 class MultiHeadAttention(nn.Module):
@@ -48,15 +29,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        if num_heads < 1 or d_model < 1:
-            raise ValueError(f"d_model and num_heads must be positive, got d_model={d_model}, num_heads={num_heads}")
-        if d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by num_heads={num_heads}: "
-                f"every head needs the same share of the {d_model} features"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        d_model, num_heads, dropout = check_heads(d_model, num_heads, dropout)
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_k = d_model // num_heads  # per head; the paper's d_k = d_v = d_model / h
@@ -81,18 +54,21 @@ class MultiHeadAttention(nn.Module):
             key: ``(B, Lk, d_model)``.
             value: ``(B, Lk, d_model)``. For self-attention pass the same tensor
                 three times; for cross-attention ``Lq`` may differ from ``Lk``.
-            mask: optional, broadcastable to ``(B, H, Lq, Lk)``; bool ``True`` =
-                may attend, or float added to the scores. Broadcasting aligns
-                from the right: ``(Lq, Lk)`` applies to everything,
-                ``(H, Lq, Lk)`` per head, ``(B, 1, 1, Lk)`` per sequence (as
-                :func:`~mha_lib.padding_mask` returns).
+            mask: optional, broadcastable to the scores ``(B, H, Lq, Lk)``; bool
+                ``True`` = may attend, or float added to the scores (0/-inf or a
+                bias; 0s and 1s are refused: use ``.bool()``). Aligned from the
+                right: ``(Lq, Lk)`` applies to everything (``causal_mask``),
+                ``(H, Lq, Lk)`` per head, ``(B, 1, 1, Lk)`` per sequence's keys
+                (:func:`~mha_lib.padding_mask`), ``(B, 1, Lq, Lk)`` per sequence.
+                A 2-D mask is always ``(Lq, Lk)`` and a 3-D one ``(H, Lq, Lk)``,
+                also when ``B == Lq`` or ``B == H`` (:mod:`mha_lib.validation`).
             return_weights: also return the attention weights.
 
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(B, H, Lq, Lk)`` when ``return_weights`` is True.
         """
-        check_qkv(query, key, value, self.d_model)
+        check_qkv(query, key, value, self.d_model, weight=self.W_q.weight, mask=mask)
 
         # 1) project, then 2) split the d_model features into H heads of d_k
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)

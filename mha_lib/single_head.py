@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
-from .multi_head import check_qkv
+from .validation import check_positive_int, check_qkv
 
 __all__ = ["AttentionHead"]
 
@@ -33,10 +33,8 @@ class AttentionHead(nn.Module):
 
     def __init__(self, d_model: int, d_k: int, d_v: int | None = None, bias: bool = True) -> None:
         super().__init__()
-        d_v = d_k if d_v is None else d_v
-        for name, size in (("d_model", d_model), ("d_k", d_k), ("d_v", d_v)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"{name} must be a positive int, got {size!r}")
+        d_model, d_k = check_positive_int(d_model, "d_model"), check_positive_int(d_k, "d_k")
+        d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
         self.d_model = d_model
         self.d_k = d_k
         self.d_v = d_v
@@ -60,9 +58,12 @@ class AttentionHead(nn.Module):
             value: ``(B, Lk, d_model)``. For self-attention pass the same tensor
                 three times; for cross-attention ``Lq`` may differ from ``Lk``.
             mask: optional, broadcastable to the scores ``(B, Lq, Lk)``; bool
-                ``True`` = may attend, or float added to the scores. E.g.
-                ``causal_mask(L)`` ``(L, L)``, or ``padding_mask(lengths)[:, 0]``
-                ``(B, 1, Lk)``.
+                ``True`` = may attend, or float added to the scores (0/-inf or a
+                bias; 0s and 1s are refused: use ``.bool()``). ``(Lq, Lk)``
+                applies to every sequence, e.g. ``causal_mask(L)``; ``(B, 1, Lk)``
+                masks each sequence's keys, e.g. ``padding_mask(lengths)[:, 0]``;
+                ``(B, Lq, Lk)`` is one pattern per sequence. A 2-D mask is always
+                ``(Lq, Lk)``, also when ``B == Lq``.
             return_weights: also return the attention weights.
 
         Returns:
@@ -77,7 +78,7 @@ class AttentionHead(nn.Module):
         return (output, weights) if return_weights else output
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
-        check_qkv(query, key, value, self.d_model)
+        check_qkv(query, key, value, self.d_model, weight=self.W_q.weight, mask=mask)
         if isinstance(mask, Tensor) and mask.dim() > 3:
             raise ValueError(
                 f"a single head's scores are (B, Lq, Lk), so its mask may have at most 3 "

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import check_mask
+from ..validation import check_mask
 from ..encoder import EncoderLayer
 from .data import Example, Sentence, Vocab, batch_examples
 
@@ -78,8 +78,11 @@ class SentimentClassifier(nn.Module):
         if not isinstance(tokens, Tensor):
             raise ValueError(f"tokens must be a (B, L) tensor of token ids, got {type(tokens).__name__}")
         if tokens.dtype not in _ID_DTYPES:
-            raise ValueError(f"tokens must be integer token ids (torch.long), got dtype {tokens.dtype}; "
-                             "batch_examples makes them")
+            raise ValueError(f"tokens must be integer token ids (torch.long), got dtype {tokens.dtype} "
+                             f"(shape {tuple(tokens.shape)}); batch_examples makes them, or use tokens.long()")
+        if tokens.device != self.token_embedding.weight.device:
+            raise ValueError(f"tokens are on {tokens.device} but the model is on {self.token_embedding.weight.device}; "
+                             "move them with tokens.to(next(model.parameters()).device)")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be a (B, L) tensor of token ids, got shape {tuple(tokens.shape)}")
         B, L = tokens.shape
@@ -117,7 +120,7 @@ class SentimentClassifier(nn.Module):
         if mask is not None:
             if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
                 raise TypeError("mask must be a bool tensor (True = may attend), broadcastable to (B, H, L, L)")
-            check_mask(mask, torch.Size((B, self.num_heads, L, L)))
+            check_mask(mask, torch.Size((B, self.num_heads, L, L)), tokens.device)
             attn_mask = attn_mask & mask  # (B, H, L, L) or narrower
 
         positions = torch.arange(L, device=tokens.device)  # (L,)
