@@ -49,8 +49,10 @@ def get_device() -> torch.device:
         )
     try:
         device = torch.device(requested)
-    except RuntimeError as error:  # the pattern should make this impossible; name the variable anyway
+    except RuntimeError as error:  # e.g. an index too large to parse
         raise ValueError(f"MHA_DEVICE={requested!r} is not a device PyTorch accepts: {error}") from None
+    if ":" in requested and device.index != int(requested.split(":")[1]):  # torch wraps cuda:256 to cuda:0
+        raise ValueError(f"MHA_DEVICE={requested!r} has a device index PyTorch can't hold (it reads it as {device})")
     if device.type == "cuda":
         if not torch.cuda.is_available():  # also when this PyTorch was built without CUDA
             raise RuntimeError(f"MHA_DEVICE={requested!r}, but CUDA is not available on this machine")

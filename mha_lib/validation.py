@@ -267,9 +267,9 @@ def check_attention_inputs(
     for name, x in tensors:
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)}"
+    q, k, v = tuple(query.shape), tuple(key.shape), tuple(value.shape)
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
-        raise ValueError(f"query, key and value need at least 2 dimensions (..., L, d); got {shapes}")
+        raise ValueError(f"query, key and value need at least 2 dimensions (..., L, d); got {q}, {k}, {v}")
     for name, x in tensors:
         if not x.is_floating_point():
             raise TypeError(f"{name} has dtype {x.dtype}; attention needs floating-point vectors, e.g. {name}.float()")
@@ -279,15 +279,15 @@ def check_attention_inputs(
             raise TypeError(f"query has dtype {query.dtype} but {name} has {x.dtype}; convert them to one dtype, "
                             f"e.g. {name}.to({query.dtype})")
     if query.size(-1) != key.size(-1):
-        raise ValueError(f"query and key must share their last dimension d_k; got {shapes}")
+        raise ValueError(f"query and key must share their last dimension d_k; got query {q} and key {k}")
     if query.size(-1) == 0:
-        raise ValueError(f"query and key have d_k = 0 features ({shapes}): the scores would be 0 / sqrt(0) = NaN")
+        raise ValueError(f"query and key have d_k = 0 features, got {q}: the scores would be 0 / sqrt(0) = NaN")
     if key.size(-2) != value.size(-2):
-        raise ValueError(f"key and value must have the same length Lk; got {shapes}")
+        raise ValueError(f"key and value must have the same length Lk; got key {k} and value {v}")
     try:
         torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"the leading (batch, head) dimensions of {shapes} don't broadcast: "
+        raise ValueError(f"the leading (batch, head) dimensions of query {q}, key {k} and value {v} don't broadcast: "
                          "each must be equal or 1, aligned from the right") from None
     if mask is not None:
         scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))

@@ -47,6 +47,41 @@ def test_unknown_mha_device_is_named(monkeypatch, value):
     assert "MHA_DEVICE" in str(info.value) and repr(value) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ("cuda:00", r"\(write the index without leading zeros: 'cuda:0'\)"),
+        ("cuda:01", r"\(write the index without leading zeros: 'cuda:1'\)"),
+        ("CUDA", r"\(write it in lower case: 'cuda'\)"),
+        ("Cpu", r"\(write it in lower case: 'cpu'\)"),
+        ("cuda:", ""),
+        ("cuda:-1", ""),
+        ("cuda: 1", ""),
+        ("cuda:1.0", ""),
+    ],
+)
+def test_a_device_torch_would_misread_is_named_with_the_fix(monkeypatch, no_gpu, value, hint):
+    """cuda:00 matched the pattern once, then failed inside torch.device without naming MHA_DEVICE."""
+    monkeypatch.setenv("MHA_DEVICE", value)
+    with pytest.raises(ValueError, match=rf"^MHA_DEVICE={value!r} is not a device the course knows ?{hint}; use cpu"):
+        get_device()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("cuda:99999999999999999999", r"is not a device PyTorch accepts: Could not parse device index"),
+        ("cuda:256", r"has a device index PyTorch can't hold \(it reads it as cuda:0\)"),  # torch wraps it
+    ],
+)
+def test_a_device_index_torch_cannot_hold_is_named(monkeypatch, value, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("MHA_DEVICE", value)
+    with pytest.raises(ValueError, match=rf"^MHA_DEVICE={value!r} {message}"):
+        get_device()
+
+
 @pytest.mark.parametrize("value", ["cuda", "cuda:0", "mps"])
 def test_unavailable_mha_device_is_named(monkeypatch, no_gpu, value):
     monkeypatch.setenv("MHA_DEVICE", value)
