@@ -92,15 +92,11 @@ def check_heads(d_model: object, num_heads: object, dropout: object = 0.0) -> tu
     if num_heads < 1 or d_model < 1:
         raise ValueError(f"d_model and num_heads must be positive, got d_model={d_model}, num_heads={num_heads}")
     if num_heads > d_model:
-        raise ValueError(
-            f"num_heads={num_heads} is more than d_model={d_model}: each head would get "
-            f"d_k = d_model // num_heads = 0 features; use at most {d_model} heads"
-        )
+        raise ValueError(f"num_heads={num_heads} is more than d_model={d_model}: each head would get "
+                         f"d_k = d_model // num_heads = 0 features; use at most {d_model} heads")
     if d_model % num_heads != 0:
-        raise ValueError(
-            f"d_model={d_model} is not divisible by num_heads={num_heads}: "
-            f"every head needs the same share of the {d_model} features"
-        )
+        raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
+                         f"every head needs the same share of the {d_model} features")
     return d_model, num_heads, check_dropout(dropout)
 
 
@@ -112,17 +108,13 @@ def _autocast_on(device: torch.device) -> bool:
 def _check_like(name: str, x: Tensor, weight: Tensor) -> None:
     """``x`` must be on the device and of the dtype of the module's ``weight``."""
     if x.device != weight.device:
-        raise ValueError(
-            f"{name} is on {x.device} but the module's weights are on {weight.device}; "
-            f"move one to the other, e.g. {name}.to({str(weight.device)!r}) or module.to({str(x.device)!r})"
-        )
+        raise ValueError(f"{name} is on {x.device} but the module's weights are on {weight.device}; move one to "
+                         f"the other, e.g. {name}.to({str(weight.device)!r}) or module.to({str(x.device)!r})")
     if x.dtype != weight.dtype and not _autocast_on(x.device):
         hint = (" (token ids? embed them first, e.g. with nn.Embedding)" if not x.is_floating_point()
                 else f" or module.to({x.dtype})")
-        raise TypeError(
-            f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
-            f"convert one to the other: {name}.to({weight.dtype}){hint}"
-        )
+        raise TypeError(f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
+                        f"convert one to the other: {name}.to({weight.dtype}){hint}")
 
 
 def check_sequence(x: Tensor, name: str, d_model: int, *, weight: Tensor | None = None) -> None:
@@ -136,13 +128,7 @@ def check_sequence(x: Tensor, name: str, d_model: int, *, weight: Tensor | None 
 
 
 def check_qkv(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    d_model: int,
-    *,
-    weight: Tensor | None = None,
-    mask: Tensor | None = None,
+    query: Tensor, key: Tensor, value: Tensor, d_model: int, *, weight: Tensor | None = None, mask: Tensor | None = None
 ) -> None:
     """Raise a clear error unless query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` fit.
 
@@ -154,10 +140,8 @@ def check_qkv(
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_sequence(x, name, d_model, weight=weight)
     if not query.size(0) == key.size(0) == value.size(0):
-        raise ValueError(
-            f"query, key and value must have the same batch size, got "
-            f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
-        )
+        raise ValueError(f"query, key and value must have the same batch size, got "
+                         f"{query.size(0)}, {key.size(0)}, {value.size(0)}")
     if key.size(1) != value.size(1):
         raise ValueError(f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}")
     if mask is not None:
@@ -168,15 +152,11 @@ def _check_mask_kind(mask: Tensor, device: torch.device | None) -> None:
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
-            f"mask has dtype {mask.dtype}; use a bool mask (True = may attend), "
-            "e.g. mask.bool() or mask != 0, or a float mask that is added to the scores"
-        )
+        raise TypeError(f"mask has dtype {mask.dtype}; use a bool mask (True = may attend), "
+                        "e.g. mask.bool() or mask != 0, or a float mask that is added to the scores")
     if device is not None and mask.dim() > 0 and mask.device != device:
-        raise ValueError(
-            f"mask is on {mask.device} but the attention runs on {device}; "
-            f"move it there with mask.to({str(device)!r})"
-        )
+        raise ValueError(f"mask is on {mask.device} but the attention runs on {device}; "
+                         f"move it there with mask.to({str(device)!r})")
 
 
 def _check_float_mask_values(mask: Tensor) -> None:
