@@ -102,7 +102,10 @@ def check_heads(d_model: object, num_heads: object, dropout: object = 0.0) -> tu
 
 def _autocast_on(device: torch.device) -> bool:
     """Under ``torch.autocast`` PyTorch mixes dtypes on purpose, so they are not checked there."""
-    return torch.is_autocast_enabled(device.type)
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast doesn't know, e.g. "meta"
+        return False
 
 
 def _check_like(name: str, x: Tensor, weight: Tensor) -> None:

@@ -172,6 +172,8 @@ def test_function_input_errors():
         scaled_dot_product_attention(q, q, q.long())
     with pytest.raises(ValueError, match=r"query is on cpu but key is on meta; move them to one device"):
         scaled_dot_product_attention(q, q.to("meta"), q)
+    with pytest.raises(TypeError, match=r"query has dtype torch\.float32 but value has torch\.float64"):
+        scaled_dot_product_attention(q.to("meta"), q.to("meta"), q.to("meta", torch.float64))  # autocast can't tell
     with pytest.raises(ValueError, match=r"d_k = 0 features, got \(2, 3, 0\): the scores would be 0 / sqrt\(0\) = NaN"):
         scaled_dot_product_attention(torch.randn(2, 3, 0), torch.randn(2, 3, 0), q)
     with pytest.raises(ValueError, match=r"leading \(batch, head\) dimensions of query \(2, 3, 4\), key \(3, 3, 4\) "
