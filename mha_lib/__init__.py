@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "padding_mask": "masks",
     "MultiHeadAttention": "multi_head",
     "plot_attention": "plotting",
+    "apply_rotary": "positions",
+    "sinusoidal_positions": "positions",
     "AttentionHead": "single_head",
 }
 
@@ -50,6 +52,7 @@ __all__ = [
     "EfficientMultiHeadAttention",
     "EncoderLayer",
     "MultiHeadAttention",
+    "apply_rotary",
     "causal_mask",
     "combine_heads",
     "get_device",
@@ -57,6 +60,7 @@ __all__ = [
     "plot_attention",
     "scaled_dot_product_attention",
     "seed_everything",
+    "sinusoidal_positions",
     "split_heads",
 ]
 
@@ -72,6 +76,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ (_load) lo
     from .masks import padding_mask as padding_mask
     from .multi_head import MultiHeadAttention as MultiHeadAttention
     from .plotting import plot_attention as plot_attention
+    from .positions import apply_rotary as apply_rotary
+    from .positions import sinusoidal_positions as sinusoidal_positions
     from .single_head import AttentionHead as AttentionHead
 
 
