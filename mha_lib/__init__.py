@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "split_heads": "heads",
     "causal_mask": "masks",
     "padding_mask": "masks",
+    "sliding_window_mask": "masks",
     "MultiHeadAttention": "multi_head",
     "plot_attention": "plotting",
     "apply_rotary": "positions",
@@ -61,6 +62,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "seed_everything",
     "sinusoidal_positions",
+    "sliding_window_mask",
     "split_heads",
 ]
 
@@ -74,6 +76,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ (_load) lo
     from .heads import split_heads as split_heads
     from .masks import causal_mask as causal_mask
     from .masks import padding_mask as padding_mask
+    from .masks import sliding_window_mask as sliding_window_mask
     from .multi_head import MultiHeadAttention as MultiHeadAttention
     from .plotting import plot_attention as plot_attention
     from .positions import apply_rotary as apply_rotary
