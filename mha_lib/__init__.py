@@ -8,6 +8,8 @@ Each chapter derives a piece and the next chapters import it from here:
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 06)
 - :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 07)
+- :func:`sinusoidal_positions`, :func:`apply_rotary` (chapter 08, positions inside attention)
+- :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 09, attention at inference)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
@@ -37,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "EncoderLayer": "encoder",
     "combine_heads": "heads",
     "split_heads": "heads",
+    "repeat_kv": "inference",
     "causal_mask": "masks",
     "padding_mask": "masks",
     "sliding_window_mask": "masks",
@@ -59,6 +62,7 @@ __all__ = [
     "get_device",
     "padding_mask",
     "plot_attention",
+    "repeat_kv",
     "scaled_dot_product_attention",
     "seed_everything",
     "sinusoidal_positions",
@@ -74,6 +78,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ (_load) lo
     from .encoder import EncoderLayer as EncoderLayer
     from .heads import combine_heads as combine_heads
     from .heads import split_heads as split_heads
+    from .inference import repeat_kv as repeat_kv
     from .masks import causal_mask as causal_mask
     from .masks import padding_mask as padding_mask
     from .masks import sliding_window_mask as sliding_window_mask
