@@ -23,6 +23,7 @@ from .attention import check_mask, scaled_dot_product_attention
 from .heads import combine_heads, split_heads
 from .inference import check_num_kv_heads, repeat_kv
 from .multi_head import MultiHeadAttention, check_qkv
+from .positions import apply_rotary, check_rotary
 
 __all__ = ["EfficientMultiHeadAttention"]
 
@@ -72,6 +73,7 @@ class EfficientMultiHeadAttention(nn.Module):
         bias: whether the projections have a bias.
         num_kv_heads: number of key/value heads ``H_kv`` (grouped-query attention); must
             divide ``num_heads``; defaults to ``num_heads``.
+        rotary: rotate each head's queries and keys by their positions (RoPE), as the teaching module.
 
     Attributes:
         W_qkv: ``nn.Linear(d_model, d_model + 2 * num_kv_heads * d_k)``; its weight is
@@ -86,13 +88,17 @@ class EfficientMultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         num_kv_heads: int | None = None,
+        rotary: bool = False,
     ) -> None:
         super().__init__()
         self._check_config(d_model, num_heads, dropout)
         self.d_model = d_model
         self.num_heads = num_heads
-        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
         self.d_k = d_model // num_heads
+        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
+        self.rotary = bool(rotary)
+        if self.rotary:
+            check_rotary(self.d_k)
         self.dropout = dropout
         kv_features = self.num_kv_heads * self.d_k
         self.qkv_sizes = [d_model, kv_features, kv_features]  # the rows of W_q, W_k, W_v in W_qkv
@@ -111,7 +117,8 @@ class EfficientMultiHeadAttention(nn.Module):
                 f"from_module expects a mha_lib.MultiHeadAttention, got {type(mha).__name__}"
             )
         bias = mha.W_q.bias is not None
-        new = cls(mha.d_model, mha.num_heads, dropout=mha.dropout, bias=bias, num_kv_heads=mha.num_kv_heads)
+        new = cls(mha.d_model, mha.num_heads, dropout=mha.dropout, bias=bias,
+                  num_kv_heads=mha.num_kv_heads, rotary=mha.rotary)
         new.to(device=mha.W_q.weight.device, dtype=mha.W_q.weight.dtype)
         with torch.no_grad():
             new.W_qkv.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
@@ -151,6 +158,8 @@ class EfficientMultiHeadAttention(nn.Module):
         q = split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(k, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(v, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
+            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
 
         # 3) attend: the fused kernel, or the explicit path when the weights must exist to be returned
         dropout_p = self.dropout if self.training else 0.0
@@ -188,4 +197,4 @@ class EfficientMultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"d_k={self.d_k}, dropout={self.dropout}")
+                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
 from .inference import check_num_kv_heads, repeat_kv
+from .positions import apply_rotary, check_rotary
 
 __all__ = ["MultiHeadAttention", "check_qkv"]
 
@@ -49,6 +50,8 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``). Each group of ``num_heads // num_kv_heads`` consecutive query heads
             shares one key/value head (grouped-query attention; ``1`` is multi-query attention),
             and ``W_k``, ``W_v`` map to ``num_kv_heads * d_k`` features only.
+        rotary: rotate each head's queries and keys by their positions (RoPE,
+            :func:`~mha_lib.apply_rotary`) after :func:`~mha_lib.split_heads`; needs an even ``d_k``.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         num_kv_heads: int | None = None,
+        rotary: bool = False,
     ) -> None:
         super().__init__()
         if num_heads < 1 or d_model < 1:
@@ -73,6 +77,9 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = num_heads
         self.d_k = d_model // num_heads  # per head; the paper's d_k = d_v = d_model / h
         self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
+        self.rotary = bool(rotary)
+        if self.rotary:
+            check_rotary(self.d_k)
         self.dropout = dropout
         self.W_q = nn.Linear(d_model, d_model, bias=bias)
         self.W_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
@@ -111,6 +118,8 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
+            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
 
         # 3) every head attends on its own, in one batched call; a group of
         #    H // H_kv query heads shares each key/value head
@@ -125,4 +134,4 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"d_k={self.d_k}, dropout={self.dropout}")
+                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")

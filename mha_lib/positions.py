@@ -15,13 +15,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["sinusoidal_positions", "apply_rotary"]
+__all__ = ["sinusoidal_positions", "apply_rotary", "check_rotary"]
 
 
 def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def check_rotary(d_k: int) -> None:
+    """A clear error, at construction, for a module with ``rotary=True`` and an odd head size."""
+    if d_k % 2 != 0:
+        raise ValueError(
+            f"rotary=True needs an even head size d_k = d_model // num_heads, got d_k={d_k}: "
+            "RoPE rotates the features in pairs"
+        )
 
 
 def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str | None = None) -> Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TOLERANCES
-from mha_lib import apply_rotary, sinusoidal_positions
+from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, sinusoidal_positions
 
 
 # ---------------------------------------------------------------- sinusoidal positions
@@ -168,3 +168,46 @@ def test_apply_rotary_refuses_bad_input():
         apply_rotary(torch.randn(4, 8), [0, 1, 2, 3])
     with pytest.raises(ValueError, match="base must be positive"):
         apply_rotary(torch.randn(4, 8), base=0.0)
+
+
+# ---------------------------------------------------------------- rotary=True in the modules
+def rotary_reference(module, query, key, value, mask=None, rotate_values=False):
+    """Project with the teaching module's weights, rotate q and k per head, attend, combine."""
+    q, k, v = module.W_q(query), module.W_k(key), module.W_v(value)
+    H, H_kv, d_k = module.num_heads, module.num_kv_heads, module.d_k
+    q = q.unflatten(-1, (H, d_k)).transpose(1, 2)  # (B, H, Lq, d_k)
+    k = k.unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    v = v.unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    q, k = reference_rotary(q, torch.arange(q.size(2))), reference_rotary(k, torch.arange(k.size(2)))
+    if rotate_values:
+        v = reference_rotary(v, torch.arange(v.size(2)))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v.double(), attn_mask=mask)
+    return module.W_o(heads.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_rotary_modules_rotate_queries_and_keys_only(kind, num_kv_heads):
+    teaching = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads, rotary=True).double().eval()
+    module = teaching if kind == "teaching" else EfficientMultiHeadAttention.from_module(teaching)
+    assert module.rotary and (module.num_kv_heads == num_kv_heads)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    memory = torch.randn(2, 9, 16, dtype=torch.float64)
+    for query, key, mask in [(x, x, causal_mask(6)), (x, x, None), (x, memory, None)]:
+        expected = rotary_reference(teaching, query, key, key, mask)
+        out, weights = module(query, key, key, mask, return_weights=True)
+        torch.testing.assert_close(module(query, key, key, mask), expected)
+        torch.testing.assert_close(out, expected)
+        assert weights.shape == (2, 4, 6, key.size(1))
+        assert not torch.allclose(out, rotary_reference(teaching, query, key, key, mask, rotate_values=True))
+    plain = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads).double().eval()
+    plain.load_state_dict(teaching.state_dict())
+    assert not plain.rotary and not torch.allclose(plain(x, x, x), teaching(x, x, x))  # the flag changes the function
+
+
+def test_rotary_needs_an_even_head_size():
+    for cls in (MultiHeadAttention, EfficientMultiHeadAttention):
+        with pytest.raises(ValueError, match="rotary=True needs an even head size.*d_k=3"):
+            cls(6, 2, rotary=True)
+        assert cls(6, 2).d_k == 3  # without RoPE an odd d_k is fine
+        assert "rotary=True" in repr(cls(8, 2, rotary=True))
