@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .attention import check_mask
 
-__all__ = ["KVCache", "repeat_kv", "cached_mask", "check_cache", "check_num_kv_heads"]
+__all__ = ["KVCache", "kv_cache_bytes", "repeat_kv", "cached_mask", "check_cache", "check_num_kv_heads"]
 
 
 def check_num_kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
@@ -111,6 +111,21 @@ class KVCache:
     def __repr__(self) -> str:
         shape = None if self.keys is None else tuple(self.keys.shape)
         return f"KVCache(len={len(self)}, keys={shape}, nbytes={self.nbytes})"
+
+
+def kv_cache_bytes(
+    num_layers: int, num_kv_heads: int, d_k: int, seq_len: int, batch: int = 1, bytes_per_element: int = 2
+) -> int:
+    """A decoder's cache size by arithmetic: keys and values, every layer, every position.
+
+    ``2 · num_layers · batch · num_kv_heads · seq_len · d_k · bytes_per_element`` (2 bytes for
+    float16/bfloat16, 4 for float32). A LLaMA-2-7B-like model (32 layers, 32 heads of 128,
+    float16) holds 0.5 MiB per token: 2 GiB for 4096 tokens; with 8 key/value heads, a quarter.
+    """
+    sizes = (num_layers, num_kv_heads, d_k, seq_len, batch, bytes_per_element)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ValueError(f"kv_cache_bytes expects non-negative ints, got {sizes}")
+    return 2 * num_layers * batch * num_kv_heads * seq_len * d_k * bytes_per_element
 
 
 def check_cache(cache: KVCache | None, query: Tensor, key: Tensor, value: Tensor) -> int:
