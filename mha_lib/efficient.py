@@ -11,6 +11,10 @@ with two optimisations:
    picks a flash / memory-efficient kernel where the device has one, and never
    stores the ``(B, H, Lq, Lk)`` weights. ``return_weights=True`` falls back to
    the explicit :func:`~mha_lib.scaled_dot_product_attention`, which must store them.
+
+It takes the teaching module's options too: grouped key/value heads (``num_kv_heads``, which
+the kernel reads without copies through ``enable_gqa``), RoPE (``rotary``) and a
+:class:`~mha_lib.KVCache` for decoding.
 """
 
 from __future__ import annotations
