@@ -326,7 +326,7 @@ def test_a_2d_mask_is_queries_by_keys_also_when_the_batch_has_as_many_sequences_
         ((L, 4), r"its last size must be Lk=5 \(one entry per key\) or 1", None),
         ((1, B, H, L, L), r"the mask has 5 dimensions, the scores only 4", None),
     ],
-    ids=str,
+    ids=["(B, Lk)", "(B, Lq, Lk)", "(B, 1, Lk)", "(H, 1, Lq, Lk)", "wrong Lk", "5-D"],
 )
 def test_a_misread_mask_shape_is_refused_with_the_shape_to_use(name, shape, message, fix):
     f, x = modules()[name], torch.randn(B, L, D)
