@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .timing import _synchronize
+
 __all__ = ["cpu_memory_supported", "free_memory", "peak_memories", "peak_memory"]
 
 Step = Callable[[], None]
@@ -142,11 +144,6 @@ def _cpu_peaks(steps: Sequence[Step]) -> list[int | None]:
     if "error" in answer:
         raise RuntimeError(f"measuring the peak memory failed: {answer['error']}")
     return answer["peaks"]
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _cuda_peak(step: Step, device: torch.device) -> int:
