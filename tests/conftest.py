@@ -119,3 +119,21 @@ def assert_matches_torch_mha(ours: nn.Module, theirs: nn.MultiheadAttention, que
     torch.testing.assert_close(out, ref_out, **tol)
     torch.testing.assert_close(weights.reshape(ref_weights.shape), ref_weights, **tol)
     return weights
+
+
+def assert_rejects_bad_inputs(module: nn.Module) -> None:
+    """``module`` (built with d_model=8) names what is wrong with a query, key or value:
+    a shape, a length or batch size that disagree, something that is not a tensor."""
+    x = torch.randn(2, 5, 8)
+    bad = [
+        ((torch.randn(2, 5, 6), x, x), ValueError, r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"),
+        ((x, torch.randn(5, 8), x), ValueError, r"key must have shape \(B, L, d_model=8\), got \(5, 8\)"),
+        ((x, x, torch.randn(1, 2, 5, 8)), ValueError, r"value must have shape \(B, L, d_model=8\), got \(1, 2, 5, 8\)"),
+        ((x, x, torch.randn(2, 4, 8)), ValueError, r"key and value must have the same length Lk, got 5 and 4"),
+        ((x, torch.randn(3, 5, 8), torch.randn(3, 5, 8)), ValueError, r"same batch size, got 2, 3, 3"),
+        ((x, [[0.0]], x), TypeError, "key must be a torch.Tensor, got list"),
+        ((x, x, [[0.0]]), TypeError, "value must be a torch.Tensor, got list"),
+    ]
+    for args, error, message in bad:
+        with pytest.raises(error, match=message):
+            module(*args)

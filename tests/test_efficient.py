@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TOLERANCES, assert_matches_torch_mha, causal, randn, torch_twin
+from conftest import TOLERANCES, assert_matches_torch_mha, assert_rejects_bad_inputs, causal, randn, torch_twin
 from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask, padding_mask
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -289,15 +289,8 @@ def test_errors():
     with pytest.raises(TypeError, match="from_module expects a mha_lib.MultiHeadAttention, got MultiheadAttention"):
         EfficientMultiHeadAttention.from_module(nn.MultiheadAttention(8, 2))
     fused = EfficientMultiHeadAttention(8, 2)
+    assert_rejects_bad_inputs(fused)
     x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"):
-        fused(torch.randn(2, 5, 6), x, x)
-    with pytest.raises(ValueError, match=r"key and value must have the same length Lk, got 5 and 4"):
-        fused(x, x, torch.randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"same batch size, got 2, 3, 3"):
-        fused(x, torch.randn(3, 5, 8), torch.randn(3, 5, 8))
-    with pytest.raises(TypeError, match="value must be a torch.Tensor, got list"):
-        fused(x, x, [[0.0]])
     for return_weights in (False, True):
         with pytest.raises(ValueError, match=r"mask of shape \(3, 5, 5\) does not broadcast"):
             fused(x, x, x, mask=torch.ones(3, 5, 5, dtype=torch.bool), return_weights=return_weights)

@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from conftest import TOLERANCES, assert_matches_torch_mha, causal, randn, random_lengths, reference_weights, torch_twin
+from conftest import (
+    TOLERANCES,
+    assert_matches_torch_mha,
+    assert_rejects_bad_inputs,
+    causal,
+    randn,
+    random_lengths,
+    reference_weights,
+    torch_twin,
+)
 from mha_lib import AttentionHead, MultiHeadAttention, causal_mask, padding_mask
 
 CASES = [  # (B, Lq, Lk, d_model, d_k, d_v)
@@ -234,20 +243,7 @@ def test_constructor_errors(args, message):
 
 
 def test_input_errors_name_the_shapes():
-    head = AttentionHead(8, 4)
-    x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"):
-        head(torch.randn(2, 5, 6), x, x)
-    with pytest.raises(ValueError, match=r"key must have shape \(B, L, d_model=8\), got \(5, 8\)"):
-        head(x, torch.randn(5, 8), x)
-    with pytest.raises(ValueError, match=r"value must have shape \(B, L, d_model=8\), got \(1, 2, 5, 8\)"):
-        head(x, x, torch.randn(1, 2, 5, 8))
-    with pytest.raises(ValueError, match=r"key and value must have the same length Lk, got 5 and 4"):
-        head(x, x, torch.randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"same batch size, got 2, 3, 3"):
-        head(x, torch.randn(3, 5, 8), torch.randn(3, 5, 8))
-    with pytest.raises(TypeError, match="value must be a torch.Tensor, got list"):
-        head(x, x, [[0.0]])
+    assert_rejects_bad_inputs(AttentionHead(8, 4))
 
 
 def test_mask_errors():
