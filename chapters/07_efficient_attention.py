@@ -393,8 +393,9 @@ for variant in ("teaching", "efficient", "nn.MHA"):
 # accepts only some inputs. When no fused kernel accepts them, PyTorch quietly runs its
 # explicit "math" kernel, which computes and stores the `(B, H, Lq, Lk)` weights just like the
 # teaching module. On the CPU (PyTorch 2.13) that happens for a per-head mask of shape
-# `(H, Lq, Lk)` (chapter 08's), for dropout in a training step, and for a float mask that
-# requires grad (a learned bias). The name of `grad_fn` tells which kernel ran:
+# `(H, Lq, Lk)` (the course's last chapter uses one), for dropout in a training step, and
+# for a float mask that requires grad (a learned bias). The name of `grad_fn` tells which
+# kernel ran:
 
 # %%
 # NBVAL_IGNORE_OUTPUT

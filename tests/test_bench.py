@@ -161,9 +161,14 @@ def test_teaching_module_needs_the_weights_memory_and_efficient_does_not(peaks):
 @pytest.mark.parametrize("case", ["efficient, per-head (H, L, L)", "efficient, dropout in training",
                                   "efficient, float mask with grad"])
 def test_efficient_module_stores_the_weights_where_the_cpu_kernel_falls_back(peaks, case):
-    """F.scaled_dot_product_attention's math kernel on the CPU: the weights exist again."""
-    assert peaks[case] > WEIGHTS_BYTES, (case, peaks[case] / 2**20)
+    """F.scaled_dot_product_attention's math kernel on the CPU: the weights exist again
+    (about three copies). A per-head mask costs L² memory whichever kernel runs: passed as
+    (1, H, L, L) the flash kernel would take it, but first copy it to float, H·L² numbers,
+    as many as the weights at B = 1."""
+    assert peaks[case] > 0.9 * WEIGHTS_BYTES, (case, peaks[case] / 2**20)
     assert peaks[case] > 10 * peaks["efficient"]
+    if case != "efficient, per-head (H, L, L)":
+        assert peaks[case] > 2 * WEIGHTS_BYTES, (case, peaks[case] / 2**20)
 
 
 @pytest.mark.parametrize(

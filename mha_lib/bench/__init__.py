@@ -3,7 +3,7 @@
     python -m mha_lib.bench                       # 128 … 4096 on mha_lib.get_device()
     python -m mha_lib.bench --quick               # a small run, under a minute on a CPU
     python -m mha_lib.bench --batch 32 --lengths 100 --repeats 15   # the book's configuration
-    python -m mha_lib.bench --mask per-head       # with chapter 08's (H, L, L) mask
+    python -m mha_lib.bench --mask per-head       # with a per-head (H, L, L) mask
     python -m mha_lib.bench --plot bench.png      # also draw time and memory against length
 
 The variants, all self-attention with the same weights (:mod:`mha_lib.bench.steps`):

@@ -22,7 +22,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 MASKS = {
     "none": "no mask",
     "causal": "a causal (L, L) bool mask",
-    "per-head": "a causal (H, L, L) bool mask, one per head (chapter 08's shape)",
+    "per-head": "a causal (H, L, L) bool mask, one per head (the shape of the last chapter, restricting heads)",
     "float-grad": "a causal (L, L) float mask of 0 and -inf that requires grad (a learned bias)",
 }
 
