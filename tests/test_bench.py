@@ -232,3 +232,18 @@ def test_variants_that_would_not_fit_are_skipped(monkeypatch):
     assert "skip" in table and "would not fit" in table
     with pytest.raises(ValueError, match=r"unknown variant\(s\) \['flash'\]"):
         bench.run_benchmark([8], variants=["flash"])
+
+
+def test_the_benchmark_uses_no_private_pytorch_api():
+    """Private names (torch._C, torch.profiler's internals) change without notice between versions."""
+    import ast
+    from pathlib import Path
+
+    for path in Path(bench.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        names += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        names += [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+        private = [n for n in names if n.split(".")[0] == "torch"
+                   and any(part.startswith("_") and not part.endswith("__") for part in n.split("."))]
+        assert not private, (path.name, private)

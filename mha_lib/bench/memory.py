@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .timing import _synchronize
+from .timing import synchronize
 
 __all__ = ["cpu_memory_supported", "free_memory", "peak_memories", "peak_memory"]
 
@@ -148,11 +148,11 @@ def _cpu_peaks(steps: Sequence[Step]) -> list[int | None]:
 
 def _cuda_peak(step: Step, device: torch.device) -> int:
     step()  # warm-up, as on the CPU
-    _synchronize(device)
+    synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     step()
-    _synchronize(device)
+    synchronize(device)
     return torch.cuda.max_memory_allocated(device) - before
 
 

@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["time_steps"]
+__all__ = ["synchronize", "time_steps"]
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device to finish its queued work (CUDA, MPS); the CPU needs no wait."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -38,20 +39,20 @@ def time_steps(
     for name in names:
         elapsed = math.inf
         for _ in range(max(1, warmup)):
-            _synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             steps[name]()
-            _synchronize(device)
+            synchronize(device)
             elapsed = min(elapsed, time.perf_counter() - start)
         calls[name] = max(1, math.ceil(min_time / max(elapsed, 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             step, n = steps[name], calls[name]
-            _synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             for _ in range(n):
                 step()
-            _synchronize(device)
+            synchronize(device)
             times[name].append((time.perf_counter() - start) / n)
     return times
