@@ -264,16 +264,20 @@ for length in (1024, 4096, 16384):
 # `32 · 8 · 100²` numbers, is only 10 MB: the problem is the length, not the batch.)
 #
 # Let us measure at `L = 1024`, where it fits easily. The weights the teaching module returns
-# are the predicted 32 MiB; `mha_lib.bench.peak_memory(step)` measures how much memory one call
-# of `step` allocates at its peak (on a GPU with `torch.cuda.max_memory_allocated`, on the CPU
-# by adding up the allocations `torch.profiler` records). To save time we use a narrower model,
-# `d_model = 128`: the weights do not depend on it.
+# are the predicted 32 MiB. `mha_lib.bench.peak_memories(steps, device)` measures how much
+# memory one call of each step takes at its peak, above what was in use just before (after a
+# first, unmeasured call). On a GPU it asks PyTorch's allocator
+# (`torch.cuda.max_memory_allocated`). On the CPU PyTorch keeps no such count, so it asks the
+# operating system: a separate Python process runs the step and reads its own peak resident
+# memory (Linux only; elsewhere the CPU's memory is not measured and you get `None`). That is
+# why a step is a `bench.Step` (a variant, a mode, a length, a model size), which the other
+# process can rebuild, with fresh modules of the same shape. To save time we use a narrower
+# model, `d_model = 128`: the weights do not depend on it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 length = 1024
 teaching_small = MultiHeadAttention(128, 8).to(device).eval()
-efficient_small = EfficientMultiHeadAttention.from_module(teaching_small)
 x_long = torch.randn(1, length, 128).to(device)
 with torch.no_grad():
     _, w_long = teaching_small(x_long, x_long, x_long, return_weights=True)
@@ -282,16 +286,8 @@ print(f"weights returned at L = {length}: {tuple(w_long.shape)}, {weights_mib:.0
 assert weights_mib == 32
 del w_long
 
-
-def forward_step(module):
-    def step():
-        with torch.no_grad():
-            module(x_long, x_long, x_long)
-    return step
-
-
-peaks = {name: bench.peak_memory(forward_step(m), device)
-         for name, m in [("teaching", teaching_small), ("efficient", efficient_small)]}
+steps = [bench.Step(name, "forward", length, d_model=128, num_heads=8, device=device) for name in ("teaching", "efficient")]
+peaks = dict(zip(["teaching", "efficient"], bench.peak_memories(steps, device)))  # bytes, or None
 for name, peak in peaks.items():
     if peak is not None:
         print(f"{name:9s}: forward peak {peak / 2**20:6.1f} MiB")
@@ -389,6 +385,55 @@ if series("teaching", "peak_bytes")[0] is not None:
 # NBVAL_IGNORE_OUTPUT
 for variant in ("teaching", "efficient", "nn.MHA"):
     print(f"slope of time against L, {variant:9s}: {slope(series(variant, 'seconds')):.1f}")
+
+# %% [markdown]
+# ### When the fused function stores the weights after all
+#
+# `F.scaled_dot_product_attention` is one function with several kernels, and each kernel
+# accepts only some inputs. When no fused kernel accepts them, PyTorch quietly runs its
+# explicit "math" kernel, which computes and stores the `(B, H, Lq, Lk)` weights just like the
+# teaching module. On the CPU (PyTorch 2.13) that happens for a per-head mask of shape
+# `(H, Lq, Lk)` (the course's last chapter uses one), for dropout in a training step, and
+# for a float mask that requires grad (a learned bias). The name of `grad_fn` tells which
+# kernel ran:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cases = {
+    "no mask": {},
+    "(L, L) mask": {"attn_mask": causal_mask(L, device=device)},
+    "(H, L, L) mask": {"attn_mask": causal_mask(L, device=device).expand(H, L, L)},
+    "dropout 0.1": {"dropout_p": 0.1},
+    "float mask, grad": {"attn_mask": torch.zeros(L, L, device=device, requires_grad=True)},
+}
+for name, kwargs in cases.items():
+    kernel = F.scaled_dot_product_attention(q_leaf, k_heads, v_heads, **kwargs).grad_fn.name()
+    print(f"{name:17s} {kernel}")
+    if device.type == "cpu":
+        assert ("Flash" in kernel) == (name in ("no mask", "(L, L) mask")), (name, kernel)
+
+# %% [markdown]
+# The math kernel's backward pass is autograd's own (here `UnsafeViewBackward0`, the last step
+# of the explicit computation). And the memory: a training step of the efficient module at
+# `L = 1024`, without a mask and with a per-head one:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+steps = [bench.Step("efficient", "fwd+bwd", length, d_model=128, num_heads=8, device=device, mask=mask)
+         for mask in ("none", "per-head")]
+fused, per_head = bench.peak_memories(steps, device)
+if fused is not None:
+    print(f"efficient, training step: no mask {fused / 2**20:.1f} MiB, (H, L, L) mask {per_head / 2**20:.1f} MiB")
+if device.type == "cpu" and fused is not None:
+    assert per_head > 32 * 2**20 > 4 * fused  # more than one copy of the weights, against a few MiB
+
+# %% [markdown]
+# So on a CPU, `EfficientMultiHeadAttention` saves the weights' memory only where a fused
+# kernel runs: no mask or a mask that all heads share (`(L, L)`, or padding's `(B, 1, 1, L)`),
+# no dropout while training, bool masks or float masks that need no gradient.
+# `python -m mha_lib.bench --mask per-head` (or `--dropout 0.1`, `--mask float-grad`) shows
+# what the fallback costs at every length. On a GPU the kernels and their limits differ;
+# `grad_fn` tells you which one ran.
 
 # %% [markdown]
 # ## 7. How flash attention avoids the `L × L` matrix
@@ -539,7 +584,8 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 # `need_weights=False`, the baseline of every ratio. It times an inference forward pass and a
 # training step, and reports the peak memory of each. Things to look for in your table:
 #
-# - **memory**: the variants that store weights grow like `L²`, the fused ones like `L`. On a
+# - **memory**: the variants that store weights grow like `L²`, the fused ones like `L` (add
+#   `--mask per-head` or `--dropout 0.1` to see the CPU's fallback grow like `L²` too). On a
 #   2-core CPU (shared with other work), a training step at `L = 4096` (`B = 1`) took
 #   1,585 MiB with the teaching module and 75 MiB with the efficient one: under 5 %.
 # - **time**: at the book's configuration (`B = 32, L = 100, d_model = 512`, not the small
@@ -570,14 +616,17 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 #   Its boolean masks mean True = may attend, like the course's.
 # - One copy of the weights for `B = 1, H = 8` in float32 is 32 MiB at 1k tokens, 512 MiB at
 #   4k and 8 GiB at 16k; measured, the teaching module's memory grows like `L²`, the fused
-#   kernel's like `L`.
+#   kernel's like `L`. On the CPU the fused function falls back to a kernel that stores the
+#   weights for a per-head `(H, L, L)` mask, dropout while training, and a float mask that
+#   requires grad.
 # - Flash attention computes the scores tile by tile, on chip, and never stores them; the
 #   online softmax (a running max, a running sum, a rescaled running output) makes that exact.
 # - `mha_lib.EfficientMultiHeadAttention` puts both ideas together: the teaching module's
 #   contract and outputs (checked here), its weights via `from_module`, weights on request by
 #   the explicit path, and zero output for queries that may attend to nothing.
 # - `python -m mha_lib.bench` measures time and memory honestly: warm-up, repetitions in
-#   round robin, medians, peak memory per step.
+#   round robin, medians, peak memory per step (on the CPU, the peak resident memory of a
+#   separate process).
 #
 # ## Exercises
 #

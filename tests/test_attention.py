@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TOLERANCES
+from conftest import TOLERANCES, causal, randn, random_lengths, reference_weights
 from mha_lib import causal_mask, padding_mask, scaled_dot_product_attention
 
 # (batch dims, Lq, Lk, d_k, d_v): self-attention, cross-attention with d_v != d_k,
@@ -20,23 +20,17 @@ SHAPES = [
 
 
 def make_qkv(batch, Lq, Lk, d_k, d_v, dtype, device):
-    q = torch.randn(*batch, Lq, d_k, dtype=torch.float64)
-    k = torch.randn(*batch, Lk, d_k, dtype=torch.float64)
-    v = torch.randn(*batch, Lk, d_v, dtype=torch.float64)
-    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
+    return (randn(*batch, L, d, device=device, dtype=dtype) for L, d in ((Lq, d_k), (Lk, d_k), (Lk, d_v)))
 
 
 def make_mask(kind, batch, Lq, Lk, device):
     """Masks of several shapes, none of which blocks a whole row."""
     if kind is None:
         return None
-    if kind == "causal":  # (Lq, Lk); with Lq < Lk the last queries see everything
-        return torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - Lq)
+    if kind == "causal":  # (Lq, Lk)
+        return causal(Lq, Lk, device)
     if kind == "padding":  # (B, 1, 1, Lk) for 4-D inputs, (B, 1, Lk) for 3-D
-        B = batch[0] if batch else 1
-        lengths = torch.randint(1, Lk + 1, (B,))
-        lengths[0] = Lk
-        mask = padding_mask(lengths, max_len=Lk).to(device)
+        mask = padding_mask(random_lengths(batch[0] if batch else 1, Lk), max_len=Lk).to(device)
         return mask[:, 0] if len(batch) == 1 else (mask[0, 0] if not batch else mask)
     if kind == "random_bool":  # the full shape, every row keeps at least one key
         mask = torch.rand(*batch, Lq, Lk) > 0.5
@@ -47,12 +41,6 @@ def make_mask(kind, batch, Lq, Lk, device):
         mask[..., 1:][torch.rand(*batch, Lq, Lk - 1) > 0.7] = float("-inf")
         return mask.to(device)
     raise ValueError(kind)
-
-
-def reference_weights(q, k, mask):
-    """The attention weights from PyTorch itself: attend over the identity as values."""
-    eye = torch.eye(k.size(-2), dtype=q.dtype, device=q.device).expand(*k.shape[:-1], k.size(-2))
-    return F.scaled_dot_product_attention(q, k, eye, attn_mask=mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)

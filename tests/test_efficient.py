@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TOLERANCES
+from conftest import TOLERANCES, assert_matches_torch_mha, assert_rejects_bad_inputs, causal, randn, torch_twin
 from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask, padding_mask
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -17,10 +17,6 @@ def twin_modules(d_model, num_heads, dtype, device, bias=True, dropout=0.0):
     """The teaching module and its fused copy, holding the same weights."""
     teaching = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias).to(device, dtype).eval()
     return teaching, EfficientMultiHeadAttention.from_module(teaching)
-
-
-def randn(*shape, device, dtype):
-    return torch.randn(*shape, dtype=torch.float64).to(device, dtype)
 
 
 def make_inputs(kind, B, Lq, Lk, D, device, dtype):
@@ -40,7 +36,7 @@ def make_mask(kind, B, H, Lq, Lk, device):
     if kind == "none":
         return None
     if kind == "causal":  # query i sees keys 0 … i + (Lk - Lq): the last query sees everything
-        return torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=Lk - Lq).to(device)
+        return causal(Lq, Lk, device)
     if kind == "padding":
         return padding_mask([Lk] + [max(1, Lk - 2 - b) for b in range(B - 1)], max_len=Lk).to(device)
     if kind == "per_head":  # (H, Lq, Lk): each head sees its own random half of the keys
@@ -203,15 +199,7 @@ def test_from_module_copies_everything(device):
 
 def twin_torch_modules(d_model, num_heads, dtype, device, bias=True):
     """Ours and nn.MultiheadAttention: its in_proj_weight has our W_qkv's layout exactly."""
-    fused = EfficientMultiHeadAttention(d_model, num_heads, bias=bias).double()
-    theirs = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(fused.W_qkv.weight)
-        theirs.out_proj.weight.copy_(fused.W_o.weight)
-        if bias:
-            theirs.in_proj_bias.copy_(fused.W_qkv.bias)
-            theirs.out_proj.bias.copy_(fused.W_o.bias)
-    return fused.to(device, dtype).eval(), theirs.to(device, dtype).eval()
+    return torch_twin(EfficientMultiHeadAttention(d_model, num_heads, bias=bias), dtype, device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -221,11 +209,8 @@ def test_matches_nn_multihead_attention(case, bias, dtype, device):
     kind, B, Lq, Lk, D, H = case
     fused, theirs = twin_torch_modules(D, H, dtype, device, bias)
     query, key, value = make_inputs(kind, B, Lq, Lk, D, device, dtype)
-    out, weights = fused(query, key, value, return_weights=True)
-    ref_out, ref_weights = theirs(query, key, value, average_attn_weights=False)
-    torch.testing.assert_close(fused(query, key, value), ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(out, ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(weights, ref_weights, **TOLERANCES[dtype])
+    assert_matches_torch_mha(fused, theirs, query, key, value)  # the explicit path, which has the weights
+    torch.testing.assert_close(fused(query, key, value), theirs(query, key, value)[0], **TOLERANCES[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -304,15 +289,8 @@ def test_errors():
     with pytest.raises(TypeError, match="from_module expects a mha_lib.MultiHeadAttention, got MultiheadAttention"):
         EfficientMultiHeadAttention.from_module(nn.MultiheadAttention(8, 2))
     fused = EfficientMultiHeadAttention(8, 2)
+    assert_rejects_bad_inputs(fused)
     x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"):
-        fused(torch.randn(2, 5, 6), x, x)
-    with pytest.raises(ValueError, match=r"key and value must have the same length Lk, got 5 and 4"):
-        fused(x, x, torch.randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"same batch size, got 2, 3, 3"):
-        fused(x, torch.randn(3, 5, 8), torch.randn(3, 5, 8))
-    with pytest.raises(TypeError, match="value must be a torch.Tensor, got list"):
-        fused(x, x, [[0.0]])
     for return_weights in (False, True):
         with pytest.raises(ValueError, match=r"mask of shape \(3, 5, 5\) does not broadcast"):
             fused(x, x, x, mask=torch.ones(3, 5, 5, dtype=torch.bool), return_weights=return_weights)

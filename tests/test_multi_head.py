@@ -6,16 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TOLERANCES, load_into_torch_mha
+from conftest import assert_matches_torch_mha, assert_rejects_bad_inputs, randn, torch_twin
 from mha_lib import MultiHeadAttention, causal_mask, padding_mask
 
 
 def twin_modules(d_model, num_heads, dtype, device, bias=True):
     """Our module and PyTorch's, holding the same weights."""
-    ours = MultiHeadAttention(d_model, num_heads, bias=bias).to(dtype=torch.float64)
-    torch_mha = nn.MultiheadAttention(d_model, num_heads, bias=bias, batch_first=True, dtype=torch.float64)
-    load_into_torch_mha(ours, torch_mha)
-    return ours.to(device, dtype).eval(), torch_mha.to(device, dtype).eval()
+    return torch_twin(MultiHeadAttention(d_model, num_heads, bias=bias), dtype, device)
 
 
 CASES = [  # (B, Lq, Lk, d_model, H)
@@ -32,16 +29,12 @@ CASES = [  # (B, Lq, Lk, d_model, H)
 def test_matches_nn_multihead_attention(case, dtype, bias, device):
     B, Lq, Lk, D, H = case
     ours, theirs = twin_modules(D, H, dtype, device, bias)
-    query = torch.randn(B, Lq, D, dtype=torch.float64).to(device, dtype)
-    key = torch.randn(B, Lk, D, dtype=torch.float64).to(device, dtype)
-    value = torch.randn(B, Lk, D, dtype=torch.float64).to(device, dtype)
+    query = randn(B, Lq, D, device=device, dtype=dtype)
+    key = randn(B, Lk, D, device=device, dtype=dtype)
+    value = randn(B, Lk, D, device=device, dtype=dtype)
 
-    out, weights = ours(query, key, value, return_weights=True)
-    ref_out, ref_weights = theirs(query, key, value, need_weights=True, average_attn_weights=False)
-
-    assert out.shape == (B, Lq, D) and weights.shape == (B, H, Lq, Lk)
-    torch.testing.assert_close(out, ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(weights, ref_weights, **TOLERANCES[dtype])
+    weights = assert_matches_torch_mha(ours, theirs, query, key, value)
+    assert weights.shape == (B, H, Lq, Lk)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -49,14 +42,10 @@ def test_causal_mask_with_both_conventions(dtype, device):
     """Ours: True = may attend. nn.MultiheadAttention's attn_mask: True = blocked."""
     B, L, D, H = 2, 6, 16, 4
     ours, theirs = twin_modules(D, H, dtype, device)
-    x = torch.randn(B, L, D, dtype=torch.float64).to(device, dtype)
+    x = randn(B, L, D, device=device, dtype=dtype)
     allowed = causal_mask(L, device=device)
 
-    out, weights = ours(x, x, x, mask=allowed, return_weights=True)
-    ref_out, ref_weights = theirs(x, x, x, attn_mask=~allowed, average_attn_weights=False)
-
-    torch.testing.assert_close(out, ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(weights, ref_weights, **TOLERANCES[dtype])
+    weights = assert_matches_torch_mha(ours, theirs, x, x, x, allowed, attn_mask=~allowed)
     assert (weights[..., ~allowed] == 0).all()
 
 
@@ -65,18 +54,12 @@ def test_key_padding_with_both_conventions(dtype, device):
     """Ours: (B, 1, 1, Lk), True = real token. key_padding_mask: (B, Lk), True = padding."""
     B, Lq, Lk, D, H = 3, 4, 6, 16, 2
     ours, theirs = twin_modules(D, H, dtype, device)
-    query = torch.randn(B, Lq, D, dtype=torch.float64).to(device, dtype)
-    memory = torch.randn(B, Lk, D, dtype=torch.float64).to(device, dtype)
+    query = randn(B, Lq, D, device=device, dtype=dtype)
+    memory = randn(B, Lk, D, device=device, dtype=dtype)
     lengths = torch.tensor([6, 2, 4], device=device)
     keep = padding_mask(lengths, max_len=Lk)  # (B, 1, 1, Lk)
 
-    out, weights = ours(query, memory, memory, mask=keep, return_weights=True)
-    ref_out, ref_weights = theirs(
-        query, memory, memory, key_padding_mask=~keep[:, 0, 0], average_attn_weights=False
-    )
-
-    torch.testing.assert_close(out, ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(weights, ref_weights, **TOLERANCES[dtype])
+    weights = assert_matches_torch_mha(ours, theirs, query, memory, memory, keep, key_padding_mask=~keep[:, 0, 0])
     assert (weights[1, :, :, 2:] == 0).all()
 
 
@@ -174,14 +157,7 @@ def test_indivisible_d_model_names_both_numbers(d_model, heads):
 
 def test_input_errors():
     mha = MultiHeadAttention(8, 2)
+    assert_rejects_bad_inputs(mha)
     x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"):
-        mha(torch.randn(2, 5, 6), x, x)
-    with pytest.raises(ValueError, match=r"key and value must have the same length Lk, got 5 and 4"):
-        mha(x, x, torch.randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"same batch size, got 2, 3, 3"):
-        mha(x, torch.randn(3, 5, 8), torch.randn(3, 5, 8))
-    with pytest.raises(TypeError, match="key must be a torch.Tensor, got list"):
-        mha(x, [[0.0]], x)
     with pytest.raises(ValueError, match=r"mask of shape \(3, 5, 5\) does not broadcast"):
         mha(x, x, x, mask=torch.ones(3, 5, 5, dtype=torch.bool))

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.func import functional_call
 
-from conftest import TOLERANCES
+from conftest import (
+    TOLERANCES,
+    assert_matches_torch_mha,
+    assert_rejects_bad_inputs,
+    causal,
+    randn,
+    random_lengths,
+    reference_weights,
+    torch_twin,
+)
 from mha_lib import AttentionHead, MultiHeadAttention, causal_mask, padding_mask
 
 CASES = [  # (B, Lq, Lk, d_model, d_k, d_v)
@@ -26,34 +34,18 @@ def case_id(case):
 
 def make_inputs(B, Lq, Lk, d_model, dtype, device):
     """Distinct query, key and value tensors, so that a swapped projection shows."""
-    query = torch.randn(B, Lq, d_model, dtype=torch.float64)
-    key = torch.randn(B, Lk, d_model, dtype=torch.float64)
-    value = torch.randn(B, Lk, d_model, dtype=torch.float64)
-    return (t.to(device, dtype) for t in (query, key, value))
-
-
-def make_lengths(B, Lk):
-    """Random true lengths in 1..Lk; the first sequence is full."""
-    lengths = torch.randint(1, Lk + 1, (B,))
-    lengths[0] = Lk
-    return lengths
+    return (randn(B, L, d_model, device=device, dtype=dtype) for L in (Lq, Lk, Lk))
 
 
 def make_mask(kind, B, Lq, Lk, device):
     """A mask for scores (B, Lq, Lk), True = may attend; no row is fully blocked."""
     if kind is None:
         return None
-    if kind == "causal":  # (Lq, Lk); with Lq < Lk the last queries see every key
-        return torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril(diagonal=Lk - Lq)
+    if kind == "causal":  # (Lq, Lk)
+        return causal(Lq, Lk, device)
     if kind == "padding":  # (B, 1, Lk)
-        return padding_mask(make_lengths(B, Lk), max_len=Lk)[:, 0].to(device)
+        return padding_mask(random_lengths(B, Lk), max_len=Lk)[:, 0].to(device)
     raise ValueError(kind)
-
-
-def reference_weights(q, k, mask):
-    """PyTorch's own attention weights: attend over the identity matrix as values."""
-    eye = torch.eye(k.size(-2), dtype=q.dtype, device=q.device).expand(*k.shape[:-1], k.size(-2))
-    return F.scaled_dot_product_attention(q, k, eye, attn_mask=mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -82,16 +74,7 @@ def test_matches_torch_sdpa_on_own_projections(case, mask_kind, dtype, device):
 def twin_heads(d_model, dtype, device, bias=True):
     """Our head with d_k = d_v = d_model, and nn.MultiheadAttention(num_heads=1) holding
     the same projections and an identity output projection."""
-    ours = AttentionHead(d_model, d_model, bias=bias).to(dtype=torch.float64)
-    theirs = nn.MultiheadAttention(d_model, num_heads=1, bias=bias, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        # PyTorch keeps W_q, W_k, W_v stacked in one (3 * d_model, d_model) matrix.
-        theirs.in_proj_weight.copy_(torch.cat([ours.W_q.weight, ours.W_k.weight, ours.W_v.weight]))
-        theirs.out_proj.weight.copy_(torch.eye(d_model, dtype=torch.float64))
-        if bias:
-            theirs.in_proj_bias.copy_(torch.cat([ours.W_q.bias, ours.W_k.bias, ours.W_v.bias]))
-            theirs.out_proj.bias.zero_()
-    return ours.to(device, dtype).eval(), theirs.to(device, dtype).eval()
+    return torch_twin(AttentionHead(d_model, d_model, bias=bias), dtype, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -109,17 +92,12 @@ def test_matches_nn_multihead_attention_with_one_head(case, bias, mask_kind, dty
         mask = make_mask("causal", B, Lq, Lk, device)  # (Lq, Lk)
         kwargs["attn_mask"] = ~mask
     elif mask_kind == "padding":
-        keep = padding_mask(make_lengths(B, Lk), max_len=Lk).to(device)  # (B, 1, 1, Lk)
+        keep = padding_mask(random_lengths(B, Lk), max_len=Lk).to(device)  # (B, 1, 1, Lk)
         mask = keep[:, 0]  # (B, 1, Lk)
         kwargs["key_padding_mask"] = ~keep[:, 0, 0]  # (B, Lk)
 
-    out, weights = ours(query, key, value, mask=mask, return_weights=True)
-    ref_out, ref_weights = theirs(query, key, value, need_weights=True, average_attn_weights=False, **kwargs)
-
-    assert out.shape == ref_out.shape == (B, Lq, D)
-    assert ref_weights.shape == (B, 1, Lq, Lk)
-    torch.testing.assert_close(out, ref_out, **TOLERANCES[dtype])
-    torch.testing.assert_close(weights, ref_weights[:, 0], **TOLERANCES[dtype])
+    weights = assert_matches_torch_mha(ours, theirs, query, key, value, mask, **kwargs)
+    assert weights.shape == (B, Lq, Lk)
 
 
 def test_heads_side_by_side_are_multi_head_attention(device):
@@ -265,20 +243,7 @@ def test_constructor_errors(args, message):
 
 
 def test_input_errors_name_the_shapes():
-    head = AttentionHead(8, 4)
-    x = torch.randn(2, 5, 8)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, L, d_model=8\), got \(2, 5, 6\)"):
-        head(torch.randn(2, 5, 6), x, x)
-    with pytest.raises(ValueError, match=r"key must have shape \(B, L, d_model=8\), got \(5, 8\)"):
-        head(x, torch.randn(5, 8), x)
-    with pytest.raises(ValueError, match=r"value must have shape \(B, L, d_model=8\), got \(1, 2, 5, 8\)"):
-        head(x, x, torch.randn(1, 2, 5, 8))
-    with pytest.raises(ValueError, match=r"key and value must have the same length Lk, got 5 and 4"):
-        head(x, x, torch.randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"same batch size, got 2, 3, 3"):
-        head(x, torch.randn(3, 5, 8), torch.randn(3, 5, 8))
-    with pytest.raises(TypeError, match="value must be a torch.Tensor, got list"):
-        head(x, x, [[0.0]])
+    assert_rejects_bad_inputs(AttentionHead(8, 4))
 
 
 def test_mask_errors():

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import torch
 
 from mha_lib.sentiment import load_study, make_datasets
 from mha_lib.sentiment.__main__ import parse_seeds
@@ -126,10 +127,14 @@ def test_command_trains_fresh_seeds_that_show_the_findings(tmp_path):
 
 
 def test_halves_part_measures_three_models(monkeypatch):
-    """The chapter 08 part, on a tiny training run (one epoch on 200 sentences)."""
+    """The chapter 08 part, on a tiny training run (one epoch on 200 sentences), on the caller's
+    threads: only the command line's own worker process sets them."""
     monkeypatch.setitem(CONFIG["training"], "epochs", 1)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail(f"run_seed set the threads to {n}"))
     data = make_datasets(200, 150, seed=2)
     run = run_seed(0, parts=["halves"], data=data)
+    assert torch.get_num_threads() == threads
     assert set(run) >= {"seed", "path", "halves"} and "heads" not in run
     for accuracy in run["halves"].values():
         assert set(accuracy) == GROUPS_08 and all(0 <= a <= 1 for a in accuracy.values())
