@@ -1,8 +1,9 @@
 """Decoding with a KV cache against recomputing the prefix, and the cache's memory with GQA.
 
-    python -m mha_lib.decode_bench                  # 256 tokens, d_model 512, 8 heads, batch 1, CPU
-    python -m mha_lib.decode_bench --tokens 64 --repeats 1   # a quick run
-    python -m mha_lib.decode_bench --threads 1      # steadier on a shared machine
+    python -m mha_lib.bench decode                  # 256 tokens, d_model 512, 8 heads, batch 1, CPU
+    python -m mha_lib.bench decode --tokens 64 --repeats 1   # a quick run
+    python -m mha_lib.bench decode --threads 1      # steadier on a shared machine
+    (python -m mha_lib.decode_bench ... is the same command)
 
 One self-attention layer (:class:`~mha_lib.EfficientMultiHeadAttention`, eval mode, no
 gradients) produces the outputs of ``tokens`` positions one at a time, two ways:
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .bench.cli import _positive_int
 from .efficient import EfficientMultiHeadAttention
 from .inference import KVCache, kv_cache_bytes
 from .masks import causal_mask
@@ -156,26 +158,16 @@ def format_result(result: DecodeResult) -> str:
     ])
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mha_lib.decode_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=_positive, default=256, help="positions to decode (default 256)")
-    parser.add_argument("--d-model", type=_positive, default=512, help="model width (default 512)")
-    parser.add_argument("--heads", type=_positive, default=8, help="query heads (default 8)")
-    parser.add_argument("--kv-heads", type=_positive, default=2, help="key/value heads for GQA (default 2)")
-    parser.add_argument("--batch", type=_positive, default=1, help="sequences decoded together (default 1)")
-    parser.add_argument("--repeats", type=_positive, default=3, help="runs of each way; the fastest counts")
+    parser = argparse.ArgumentParser(prog="python -m mha_lib.bench decode", description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=_positive_int, default=256, help="positions to decode (default 256)")
+    parser.add_argument("--d-model", type=_positive_int, default=512, help="model width (default 512)")
+    parser.add_argument("--heads", type=_positive_int, default=8, help="query heads (default 8)")
+    parser.add_argument("--kv-heads", type=_positive_int, default=2, help="key/value heads for GQA (default 2)")
+    parser.add_argument("--batch", type=_positive_int, default=1, help="sequences decoded together (default 1)")
+    parser.add_argument("--repeats", type=_positive_int, default=3, help="runs of each way; the fastest counts")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
-    parser.add_argument("--threads", type=_positive, help="CPU threads for this process (default: PyTorch's)")
+    parser.add_argument("--threads", type=_positive_int, help="CPU threads for this process (default: PyTorch's)")
     args = parser.parse_args(argv)
     if args.threads:  # this command's own process only; decode_benchmark itself sets nothing
         torch.set_num_threads(args.threads)

@@ -8,9 +8,12 @@ with two optimisations:
    self-attention projects with one matrix multiplication and splits the result
    (nanoGPT's ``c_attn``, ``nn.MultiheadAttention``'s ``in_proj_weight``).
 2. **Fused attention kernel.** :func:`torch.nn.functional.scaled_dot_product_attention`
-   picks a flash / memory-efficient kernel where the device has one, and never
-   stores the ``(B, H, Lq, Lk)`` weights. ``return_weights=True`` falls back to
-   the explicit :func:`~mha_lib.scaled_dot_product_attention`, which must store them.
+   picks a flash / memory-efficient kernel where the device has one; such a kernel never
+   stores the ``(B, H, Lq, Lk)`` weights. Where no fused kernel takes the inputs, PyTorch
+   falls back to its explicit "math" kernel, which does: on the CPU (PyTorch 2.13) for a
+   per-head ``(H, Lq, Lk)`` mask, for dropout > 0 in training, and for a float mask that
+   requires grad (``tests/test_bench.py`` measures the memory). ``return_weights=True``
+   uses the explicit :func:`~mha_lib.scaled_dot_product_attention`, which must store them.
 
 It takes the teaching module's options too: grouped key/value heads (``num_kv_heads``, which
 the kernel reads without copies through ``enable_gqa``), RoPE (``rotary``) and a
