@@ -156,7 +156,8 @@ def call(fn: Callable[..., Any], *args: Any, what: str, forbidden: Sequence[Call
     for keyword in kwargs:
         if not accepts(fn, keyword):
             raise fail(f"{what} doesn't accept the argument {keyword}=",
-                       f"Add it to the signature even when it may be None: def ...(..., {keyword}=None).")
+                       f"Keep the exercise's signature, {keyword} included"
+                       + (": def ...(..., mask=None), even when no mask is given." if keyword == "mask" else "."))
     watcher = ForbiddenCallWatcher(forbidden)
     try:
         with watcher:

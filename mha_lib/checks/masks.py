@@ -131,9 +131,9 @@ def check_causal_padding_mask(fn: Callable[..., Any]) -> CheckResult:
                 mask = call(fn, list(lengths), L, what=f"your function (lengths={lengths}, seq_len={L})")
             except Verdict as verdict:
                 if verdict.status == ERROR and beyond:
-                    raise fail(f"{verdict.message}, where seq_len={L} is longer than the longest sequence "
-                               f"({max(lengths)}): it looks like seq_len was not used for the padding mask",
-                               SEQ_LEN_HINT) from None
+                    raise fail(f"your function fails when seq_len={L} is longer than the longest sequence "
+                               f"({max(lengths)}): it looks like seq_len was not used for the padding mask "
+                               f"({verdict.message})", SEQ_LEN_HINT) from None
                 raise
             B = len(lengths)
             causal = _causal(L)

@@ -70,7 +70,7 @@ def forward_of(model: nn.Module, q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
         out = call(model, *args, **kwargs, what=what, forbidden=forbidden)
     check_unchanged(["query", "key", "value"], [q, k, v], args, what)
     if isinstance(out, (tuple, list)) and len(out) == 2:
-        return out[0], out[1]
+        return out[0], out[1]  # (output, None) reads as the output alone
     return out, None
 
 
@@ -220,8 +220,8 @@ def check_cross_attention(fn: Callable[..., Any]) -> CheckResult:
                     out = call(fn, mha, *args, list(lengths), what="your function")
             except Verdict as verdict:
                 if verdict.status == ERROR and beyond:
-                    raise fail(f"{verdict.message}, {where}: the source is padded beyond its longest sentence, and it "
-                               "looks like the padding mask was only as long as the longest sentence",
+                    raise fail(f"your function fails {where}, a source padded beyond its longest sentence: it "
+                               f"looks like the padding mask was only as long as the longest sentence ({verdict.message})",
                                "Pass max_len=source.size(1): padding_mask(source_lengths, max_len=source.size(1)).") from None
                 raise
             check_unchanged(["target", "source"], [tgt, src], args, "your function")

@@ -33,7 +33,7 @@ def check_attention_head(cls: Any) -> CheckResult:
         for case in cases:
             q, k, v, mask = case["query"], case["key"], case["value"], case["mask"]
             m = mask[:, 0] if mask is not None and mask.dim() == 4 else mask  # (B, 1, Lk) for 3-D scores
-            out, _ = forward_of(model, q, k, v, m, "your forward", [])
+            out, weights = forward_of(model, q, k, v, m, "your forward", [])
             B, Lq = q.shape[:2]
             out = expect_tensor(out, "the output", (B, Lq, d_v), explain=" (B, Lq, d_v)")
             Q, K, V = linear(w["W_q"], q), linear(w["W_k"], k), linear(w["W_v"], v)
@@ -55,6 +55,13 @@ def check_attention_head(cls: Any) -> CheckResult:
                     ("the mask was ignored", variant(m=None), "Apply the mask to the scores."),
                 ], f"wrong output for {case['label']}",
                     "queries = W_q(query), keys = W_k(key), values = W_v(value), then scaled dot-product attention.")
+            if weights is not None:  # (output, weights) is fine too: then the weights must be right
+                weights = expect_tensor(weights, "the weights (the second value you return)", (B, Lq, k.size(1)),
+                                        explain=" (B, Lq, Lk)")
+                if not close(weights, attend(Q, K, V, m)[1]):
+                    raise fail(f"the output is right but the weights are wrong for {case['label']}",
+                               "Return the weights the values were blended with: softmax(scores, dim=-1), masked "
+                               "and scaled as for the output.")
         return f"correct on {len(cases)} cases (self- and cross-attention, masks)"
 
     return run_check("attention head", body)

@@ -105,6 +105,9 @@ def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
                            "Ask the module for its weights too: mha(x, x, x, mask=..., return_weights=True) "
                            "returns (output, weights).")
             out, weights = unpack_pair(result, "your function", "output", "weights")
+            if weights is None:
+                raise fail("your function returned (output, None); the exercise says Return (output, weights)",
+                           "mha(x, x, x, mask=..., return_weights=True) returns (output, weights).")
             out = expect_tensor(out, f"the output for x {tuple(x.shape)}", (B, L, D), explain=" (B, L, d_model)")
             expected, expected_w = multi_head(w, x, x, x, halves(L), H)
             if not close(out, expected):
