@@ -8,6 +8,9 @@ mistake turns, so that a check can tell which mistake reproduces a wrong answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -42,7 +45,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale
     return weights @ (v if values == "value" else k), weights
 
 
-def flavours(compute, index: int):  # type: ignore[no-untyped-def]
+def flavours(compute: Callable[..., tuple[Tensor, Tensor]], index: int) -> Callable[[], list[Tensor]]:
     """What ``compute(**more)[index]`` gives with each way of blocking: NaN-free, naive
     ``-inf`` (NaN for a fully blocked row) and ``-1e9`` (a uniform row)."""
     return lambda: [compute()[index], compute(safe=False)[index], compute(fill=-1e9, safe=False)[index]]
@@ -76,7 +79,7 @@ def projections(module: nn.Module, g: torch.Generator) -> Weights:
 
 def multi_head(w: Weights, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, H: int, *,
                scale: str = "sqrt_d_k", split: str = "transpose", combine: str = "transpose",
-               out_proj: bool = True, kv_from_query: bool = False, **attend_knobs) -> tuple[Tensor, Tensor]:  # type: ignore[no-untyped-def]
+               out_proj: bool = True, kv_from_query: bool = False, **attend_knobs: Any) -> tuple[Tensor, Tensor]:
     """Multi-head attention: ``(output (B, Lq, D), weights (B, H, Lq, Lk))``; the defaults are right.
 
     ``scale``: ``"sqrt_d_k"``, ``"d_k"`` (no square root), ``"sqrt_d_model"``, ``"none"``;

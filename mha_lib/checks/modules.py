@@ -19,7 +19,6 @@ from ._core import (
     check_unchanged,
     cloned,
     close,
-    describe_shapes,
     diagnose,
     expect_tensor,
     fail,
@@ -27,9 +26,8 @@ from ._core import (
     randn,
     run_check,
     sqrt,
-    unpack_pair,
 )
-from ._reference import Weights, attend, flavours, linear, multi_head, projections, set_weights
+from ._reference import Weights, flavours, linear, multi_head, projections, set_weights
 from .attention import INVERTED_HINT, NO_SQRT_HINT
 from .heads import COMBINE_HINT, TRANSPOSE_HINT
 

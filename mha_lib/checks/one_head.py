@@ -7,8 +7,22 @@ from typing import Any
 
 from torch import Tensor
 
-from ._core import CheckResult, call, check_unchanged, cloned, close, describe_shapes, diagnose, expect_tensor, \
-    fail, gen, randn, run_check, sqrt, unpack_pair
+from ._core import (
+    CheckResult,
+    call,
+    check_unchanged,
+    cloned,
+    close,
+    describe_shapes,
+    diagnose,
+    expect_tensor,
+    fail,
+    gen,
+    randn,
+    run_check,
+    sqrt,
+    unpack_pair,
+)
 from ._reference import attend, flavours, linear, set_weights
 from .attention import INVERTED_HINT, NO_SQRT_HINT
 from .modules import forward_of, instantiate, linear_attr, mha_cases
@@ -26,8 +40,8 @@ def check_attention_head(cls: Any) -> CheckResult:
         g = gen(6)
         D, d_k, d_v = 6, 4, 3
         model = instantiate(cls, (D, d_k, d_v), "your class")
-        layers = {"W_q": linear_attr("your head", model, "W_q", D, d_k), "W_k": linear_attr("your head", model, "W_k", D, d_k),
-                  "W_v": linear_attr("your head", model, "W_v", D, d_v)}
+        layers = {attr: linear_attr("your head", model, attr, D, size)
+                  for attr, size in (("W_q", d_k), ("W_k", d_k), ("W_v", d_v))}
         w = set_weights(layers, g)
         cases = mha_cases(g, D)
         for case in cases:
