@@ -383,3 +383,15 @@ def test_attention_head_weights_must_be_right_when_returned():
 
     expect_pass(checks.check_attention_head(Head))
     expect_fail(checks.check_attention_head(lambda a, b, c: Head(a, b, c, "scores")), "weights are wrong")
+
+
+def test_an_error_raised_inside_the_standard_library_shows_the_learners_line():
+    import copy
+    import threading
+
+    def deep_copies_a_lock(seq_len):
+        return copy.deepcopy(threading.Lock())  # raises inside copy.py
+
+    result = checks.check_causal_mask(deep_copies_a_lock)
+    expect_fail(result, "raised TypeError", status="error")
+    assert "return copy.deepcopy(threading.Lock())" in result.message

@@ -12,6 +12,7 @@ import inspect
 import linecache
 import re
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from ._result import ERROR, NOT_IMPLEMENTED, Verdict, fail
 
 _MHA_LIB = Path(__file__).resolve().parent.parent
 _TORCH = Path(torch.__file__).resolve().parent
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 def _inside(path: str, folder: Path) -> bool:
@@ -41,7 +43,8 @@ def _frames(error: BaseException) -> tuple[traceback.FrameSummary | None, traceb
             if learner is None and library is None and not _inside(frame.filename, _MHA_LIB / "checks"):
                 library = frame
             continue
-        if _inside(frame.filename, _TORCH) or "site-packages" in frame.filename.replace("\\", "/"):
+        if _inside(frame.filename, _TORCH) or _inside(frame.filename, _STDLIB) or \
+                "site-packages" in frame.filename.replace("\\", "/"):
             continue
         learner = frame
         break
