@@ -395,3 +395,14 @@ def test_an_error_raised_inside_the_standard_library_shows_the_learners_line():
     result = checks.check_causal_mask(deep_copies_a_lock)
     expect_fail(result, "raised TypeError", status="error")
     assert "return copy.deepcopy(threading.Lock())" in result.message
+
+
+def test_testing_a_mask_for_truth_gets_a_hint_that_names_it():
+    def if_mask(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = scores.softmax(-1)
+        return w @ v, w
+
+    expect_fail(checks.check_scaled_dot_product_attention(if_mask), "if mask:", "if mask is not none", status="error")

@@ -66,6 +66,9 @@ def _hint(error: BaseException, line: str) -> str:
         return "Something was None: does every function you call end with a return statement?"
     if isinstance(error, NameError):
         return "A name is not defined: run the cells above this one first (or check the spelling)."
+    if isinstance(error, RuntimeError) and re.match(r"(if|elif|while|assert)\b", line):
+        return ("A tensor of more than one number is neither True nor False: to test whether an argument "
+                "was given, write `if mask is not None:`; for its values use .all() or .any().")
     if isinstance(error, RuntimeError) and re.search(r"\.T\b", line):
         return ("On a tensor with more than two axes .T reverses all of them: to swap the last two axes use "
                 ".transpose(-2, -1) (or .mT).")
