@@ -32,7 +32,7 @@ def _causal_mistakes(L: int) -> list[tuple[str, Tensor, str]]:
          "A token may attend to itself: keep the diagonal (torch.tril with diagonal=0)."),
         ("it lets tokens see the future instead of the past (upper triangle)", ref.T, FUTURE_HINT),
         ("it lets tokens see only the future, without themselves", ~ref.T, FUTURE_HINT),
-        ("nothing is blocked: every token may see the future", torch.ones(L, L, dtype=torch.bool),
+        ("nothing is blocked, so every token may see the future", torch.ones(L, L, dtype=torch.bool),
          "Block the keys after each query: keep only the lower triangle, torch.tril."),
     ]
 
