@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import (
@@ -138,8 +139,6 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
     through ``mha`` with head ``head``'s output set to zero just before ``W_o``."""
 
     def body() -> str:
-        from .. import sentiment  # the course's own answer lives there
-
         g = gen(42)
         D, H = 12, 3
         mha = MultiHeadAttention(D, H).double().eval()
@@ -158,7 +157,7 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
             before = {n: p.detach().clone() for n, p in mha.named_parameters()}
             with torch.no_grad():
                 out = call(fn, mha, arg, head, what=f"your function (head={head})",
-                           forbidden=[sentiment.silence_heads.__wrapped__])
+                           forbidden=[mha_heads.silence_heads.__wrapped__])
             check_unchanged(["x"], [x], [arg], "your function")
             if any(not torch.equal(p, before[n]) for n, p in mha.named_parameters()):
                 raise fail("your function changed the module's weights",
