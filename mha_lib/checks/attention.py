@@ -143,9 +143,10 @@ def _check_attention(fn: Callable[..., Any], name: str, fully_masked: bool) -> C
         for case in cases:
             _check_case(fn, case, fully_masked)
         _check_gradients(fn, cases[-1] if fully_masked else cases[1])
+        covered = "batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks, float32 kept"
         if fully_masked:
-            return f"correct on {len(cases)} cases, gradients finite (batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks)"
-        return f"correct on {len(cases)} cases (batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks)"
+            return f"correct on {len(cases)} cases ({covered}), gradients right and finite"
+        return f"correct on {len(cases)} cases ({covered}), gradients right"
 
     return run_check(name, body)
 

@@ -191,7 +191,8 @@ def check_multi_head_attention(cls: Any) -> CheckResult:
                 if weights is not None:
                     _check_weights(weights, w, case, H, where)
         _check_value_error(cls)
-        return f"correct on {n_cases} cases (self- and cross-attention, masks, 1 to 4 heads)"
+        return (f"correct on {n_cases} cases (self- and cross-attention, masks, 1 to 4 heads), and a ValueError "
+                "when num_heads doesn't divide d_model")
 
     return run_check("multi-head attention", body)
 
