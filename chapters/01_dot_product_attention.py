@@ -277,7 +277,8 @@ plt.show()
 #
 # **Padding masks.** Sentences in a batch have different lengths, so the short ones are
 # padded to the length of the longest. No query should attend to the padding.
-# `padding_mask(lengths)` builds that mask with shape `(B, 1, 1, Lk)`: the two 1s let it
+# `padding_mask(lengths, max_len=None)` builds that mask with shape `(B, 1, 1, Lk)`, `Lk` being
+# `max_len` or, without it, the longest length (exercise 1.3 writes it): the two 1s let it
 # broadcast over heads (chapter 03) and over queries. **Broadcasting** is PyTorch's rule for
 # combining tensors of different shapes: line the shapes up from the right, and stretch every
 # axis of size 1 to the other tensor's size (without copying). Against scores

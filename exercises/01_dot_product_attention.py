@@ -87,10 +87,12 @@ check_causal_mask(causal_mask)
 # %% [markdown]
 # ## Exercise 1.3 · A padding mask
 #
-# A batch holds sequences of different `lengths` (a list of ints), padded to `max_len`. Write
-# `padding_mask(lengths, max_len)` returning a boolean tensor of shape `(B, 1, 1, max_len)`:
-# `mask[b, 0, 0, j]` is `True` for the real tokens (`j < lengths[b]`) and `False` for the padding.
-# The two axes of size 1 let the mask broadcast over heads and queries of scores `(B, H, Lq, Lk)`.
+# A batch holds sequences of different `lengths` (a list of ints), padded to `max_len`, which may
+# be longer than the longest of them. Write `padding_mask(lengths, max_len=None)` returning a
+# boolean tensor of shape `(B, 1, 1, max_len)`: `mask[b, 0, 0, j]` is `True` for the real tokens
+# (`j < lengths[b]`) and `False` for the padding. Without `max_len`, pad to the longest sequence:
+# the same arguments as the `mha_lib.padding_mask` that chapter 01 uses. The two axes of size 1
+# let the mask broadcast over heads and queries of scores `(B, H, Lq, Lk)`.
 #
 # <details><summary>Hint 1</summary>
 #
@@ -104,7 +106,7 @@ check_causal_mask(causal_mask)
 # </details>
 
 # %%
-def padding_mask(lengths, max_len):
+def padding_mask(lengths, max_len=None):
     raise NotImplementedError  # your code here
 
 
@@ -124,7 +126,9 @@ check_padding_mask(padding_mask)
 #   scores become `-inf` before the softmax. The check never blocks every key of a query
 #   (chapter 04 deals with that case).
 #
-# Don't modify the inputs in place.
+# Don't modify the inputs in place, and keep them in the computation: the outputs have the
+# inputs' dtype (float32 in, float32 out), and the check backpropagates through your function, so
+# gradients must reach `query`, `key` and `value` (no `.detach()`, no `torch.no_grad()`).
 #
 # <details><summary>Hint 1</summary>
 #

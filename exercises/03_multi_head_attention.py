@@ -40,8 +40,8 @@ from mha_lib.checks import (
 # %% [markdown]
 # ## Exercise 3.1 · How many parameters? (warm-up)
 #
-# Write `mha_parameter_count(d_model, num_heads, bias=True)` returning the number of trainable
-# numbers in a multi-head attention module with four projections `W_q, W_k, W_v, W_o`, each
+# Write `mha_parameter_count(d_model, num_heads, bias=True)` returning the number (an `int`) of
+# trainable numbers in a multi-head attention module with four projections `W_q, W_k, W_v, W_o`, each
 # `nn.Linear(d_model, d_model, bias=bias)`. Work it out with arithmetic, not by building a module.
 #
 # <details><summary>Hint</summary>
@@ -117,7 +117,8 @@ check_combine_heads(combine_heads)
 #   2. split each into heads with your `split_heads`;
 #   3. scaled dot-product attention in every head at once;
 #   4. combine the heads with your `combine_heads`;
-#   5. mix them with `W_o`; return the output `(B, Lq, d_model)` (or `(output, weights)`).
+#   5. mix them with `W_o`; return the output `(B, Lq, d_model)`, or `(output, weights)` with the
+#      weights of every head, `(B, H, Lq, Lk)`, those the values were blended with.
 #
 # *Transformers in Action*'s listing 2.4 has the same structure, and one bug: it splits the
 # values with `self.d_v`, which it never defines. Don't copy that.

@@ -38,7 +38,8 @@ from mha_lib.checks import check_causal_padding_mask, check_cross_attention, che
 #
 # A decoder sees a batch of padded sequences: each query may attend only to earlier tokens
 # (causal) that are not padding. Write `causal_padding_mask(lengths, seq_len)` returning a boolean
-# mask `(B, 1, seq_len, seq_len)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. You may use
+# mask `(B, 1, seq_len, seq_len)`: `mask[b, 0, i, j]` is True when `j <= i` and `j < lengths[b]`. The
+# batch may be padded beyond its longest sequence (`seq_len > max(lengths)`). You may use
 # `mha_lib.causal_mask` and `mha_lib.padding_mask`.
 #
 # <details><summary>Hint</summary>
@@ -91,8 +92,8 @@ check_masked_attention(masked_attention)
 # sentence. Write `cross_attend(mha, target, source, source_lengths)` that uses a
 # `mha_lib.MultiHeadAttention` module `mha` for cross-attention:
 #
-# - `target`: `(B, Lt, d_model)`, `source`: `(B, Ls, d_model)` padded, `source_lengths`: the
-#   true length of each source sentence;
+# - `target`: `(B, Lt, d_model)`, `source`: `(B, Ls, d_model)` padded (perhaps beyond its longest
+#   sentence), `source_lengths`: the true length of each source sentence;
 # - return the output `(B, Lt, d_model)`; no target word may attend to the source's padding.
 #
 # <details><summary>Hint</summary>

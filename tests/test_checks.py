@@ -176,7 +176,7 @@ def test_check_restores_the_random_state():
 def test_results_display_in_text_and_html():
     ok = checks.check_scaled_dot_product_attention(sdpa)
     bad = checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v, mask, dim=-2))
-    assert repr(ok).startswith("✅ scaled_dot_product_attention: correct")
+    assert repr(ok).startswith("✅ scaled dot-product attention: correct")
     assert "\n   Hint: " in repr(bad) and "Hint:" in bad._repr_html_() and "#cf222e" in bad._repr_html_()
     assert bool(ok) is True and bool(bad) is False
 
@@ -240,21 +240,23 @@ def test_causal_mask_check_names_each_mistake(fn, words):
 
 
 def test_padding_mask_check():
-    def right(lengths, max_len):
+    def right(lengths, max_len=None):
+        max_len = max(lengths) if max_len is None else max_len
         return (torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
 
-    def right_loop(lengths, max_len):
-        mask = torch.zeros(len(lengths), 1, 1, max_len, dtype=torch.bool)
+    def right_loop(lengths, max_len=None):
+        mask = torch.zeros(len(lengths), 1, 1, max_len or max(lengths), dtype=torch.bool)
         for b, n in enumerate(lengths):
             mask[b, ..., :n] = True
         return mask
 
     expect_pass(checks.check_padding_mask(right))
     expect_pass(checks.check_padding_mask(right_loop))
-    expect_fail(checks.check_padding_mask(lambda l, m: ~right(l, m)), "inverted")
-    expect_fail(checks.check_padding_mask(lambda l, m: right(l, m)[:, 0, 0]), "add axes")
+    expect_fail(checks.check_padding_mask(lambda l, m=None: ~right(l, m)), "inverted")
+    expect_fail(checks.check_padding_mask(lambda l, m=None: right(l, m)[:, 0, 0]), "add axes")
     expect_fail(checks.check_padding_mask(
-        lambda l, m: (torch.arange(m)[None, :] <= torch.tensor(l)[:, None])[:, None, None, :]), "off by one")
+        lambda l, m=None: (torch.arange(m or max(l))[None, :] <= torch.tensor(l)[:, None])[:, None, None, :]),
+        "off by one")
 
 
 def test_causal_padding_mask_check():
@@ -327,6 +329,8 @@ class MHA(nn.Module):
 
     def __init__(self, d_model, num_heads, *, scale="d_k", transpose=True, out_proj=True, book_bug=False):
         super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"{d_model} is not divisible by {num_heads}")
         self.h, self.d_k = num_heads, d_model // num_heads
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
         self.scale, self.transpose, self.out_proj, self.book_bug = scale, transpose, out_proj, book_bug
@@ -356,6 +360,8 @@ class MHAWithLibrary(nn.Module):
 
     def __init__(self, d_model, num_heads):
         super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError("d_model must be divisible by num_heads")
         self.h = num_heads
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
 
@@ -615,16 +621,18 @@ def test_halves_mask_check():
 
 
 def test_restricted_attention_check():
-    expect_pass(checks.check_restricted_attention(lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)))))
-    expect_pass(checks.check_restricted_attention(
-        lambda mha, x: mha(x, x, x, mask=halves_arange(x.size(1))[None], return_weights=True)))
-    expect_fail(checks.check_restricted_attention(lambda mha, x: mha(x, x, x)), "unrestricted")
+    def attend(mha, x, mask=None):
+        return mha(x, x, x, mask=mask, return_weights=True)
+
+    expect_pass(checks.check_restricted_attention(lambda mha, x: attend(mha, x, halves_right(x.size(1)))))
+    expect_pass(checks.check_restricted_attention(lambda mha, x: attend(mha, x, halves_arange(x.size(1))[None])))
+    expect_fail(checks.check_restricted_attention(lambda mha, x: attend(mha, x)), "unrestricted")
     expect_fail(checks.check_restricted_attention(
-        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1))[[1, 0]])), "heads are swapped")
+        lambda mha, x: attend(mha, x, halves_right(x.size(1))[[1, 0]])), "heads are swapped")
     expect_fail(checks.check_restricted_attention(
-        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)).transpose(1, 2))), "queries were restricted")
+        lambda mha, x: attend(mha, x, halves_right(x.size(1)).transpose(1, 2))), "queries were restricted")
     expect_fail(checks.check_restricted_attention(
-        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1))[:, None])), "per sequence instead of per head")
+        lambda mha, x: attend(mha, x, halves_right(x.size(1))[:, None])), "per sequence instead of per head")
 
 
 # ------------------------------------------------------------------ chapters 06 and 07

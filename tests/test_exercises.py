@@ -30,7 +30,7 @@ def check_outputs(path: Path) -> list[str]:
     texts = []
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.lstrip().startswith("check_"):
-            shown = [o for o in cell.outputs if o.output_type == "execute_result"]
+            shown = [o for o in cell.outputs if o.output_type in ("display_data", "execute_result")]  # display_data: verdicts
             texts.append(shown[0].data["text/plain"] if shown else "")
     return texts
 

@@ -4,35 +4,35 @@
     check_causal_mask(my_causal_mask)   # shows ✅ / ⏳ / ❌ with a hint
 
 Every check returns a :class:`CheckResult` whose ``bool()`` is True only when your code
-passed (so ``assert check_x(f)`` works), and never raises because of your code: a stub
-reads "not implemented yet", an exception is reported in a line with a hint, and a wrong
-answer is compared against the common mistakes so the hint can name yours. Checks run
-on the CPU, on copies of their inputs, and leave the global random state as it was.
+passed, and never raises because of your code: a stub reads "not implemented yet", an
+exception is reported in a line with a hint (your line, and mha_lib's message when mha_lib
+refused what you passed), and a wrong answer is compared against the common mistakes so
+the hint can name yours. Checks run on the CPU, on copies of their inputs, and leave the
+global random state as it was.
+
+In Jupyter each call shows its verdict where it stands in the cell (once, also when it is
+the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the verdict; with
+``MHA_CHECK_RAISE=1`` a failed check raises (how CI fails on it). See ``_result.py``.
+
+The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
+(validation, diagnosis), ``_reference`` (the one reference implementation), then one
+module per topic: ``attention``, ``masks``, ``heads``, ``modules``, ``pytorch``,
+``layers``, ``restrict``.
 """
 
-from ._core import CheckResult
-from .attention import (
-    check_attention_scores,
-    check_causal_mask,
-    check_causal_padding_mask,
-    check_masked_attention,
-    check_padding_mask,
-    check_scaled_dot_product_attention,
-)
-from .heads import (
-    check_attention_head,
-    check_combine_heads,
-    check_cross_attention,
-    check_multi_head_attention,
-    check_parameter_count,
-    check_self_attention,
-    check_split_heads,
-)
+from ._result import CHECK_RAISE, CheckFailed, CheckResult
+from .attention import check_attention_scores, check_masked_attention, check_scaled_dot_product_attention
+from .heads import check_combine_heads, check_parameter_count, check_split_heads
+from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
+from .modules import check_cross_attention, check_multi_head_attention
+from .one_head import check_attention_head, check_self_attention
 from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [
+    "CHECK_RAISE",
+    "CheckFailed",
     "CheckResult",
     "check_attention_head",
     "check_attention_scores",

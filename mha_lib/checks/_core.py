@@ -1,261 +1,94 @@
-"""The machinery every check shares: results, safe calls, validation, diagnosis.
+"""What every check shares besides results and calls: validating what came back,
+comparing it with the reference, and naming the mistake that reproduces it.
 
 A check never raises because of the learner's code. Each step that can go wrong
 raises :class:`Verdict` internally, which :func:`run_check` turns into a
-:class:`CheckResult`. The reference answers are computed inside ``mha_lib``
-and are never shown; only the verdict and a hint are.
+:class:`CheckResult`. The reference answers (``_reference``) are computed inside
+``mha_lib`` and are never shown; only the verdict and a hint are.
 """
 
 from __future__ import annotations
 
-import html
-import json
-import linecache
 import math
-import os
-import sys
-import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-PASSED, NOT_IMPLEMENTED, FAILED, ERROR = "passed", "not implemented", "failed", "error"
-_ICONS = {PASSED: "✅", NOT_IMPLEMENTED: "⏳", FAILED: "❌", ERROR: "💥"}
-_COLOURS = {PASSED: "#1a7f37", NOT_IMPLEMENTED: "#6e7781", FAILED: "#cf222e", ERROR: "#cf222e"}
+from ._calling import accepts, call, check_unchanged, cloned, describe_error
+from ._result import (
+    ERROR,
+    FAILED,
+    NOT_IMPLEMENTED,
+    PASSED,
+    CheckFailed,
+    CheckResult,
+    Verdict,
+    fail,
+    log_result,
+    run_check,
+)
 
-
-@dataclass(frozen=True)
-class CheckResult:
-    """The outcome of a check. ``bool(result)`` is True only when it passed.
-
-    Jupyter shows it as a coloured box; elsewhere it prints as plain text.
-    """
-
-    name: str
-    status: str
-    message: str
-    hint: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASSED
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def _lines(self) -> list[str]:
-        lines = [f"{_ICONS[self.status]} {self.name}: {self.message}"]
-        if self.hint:
-            lines.append(f"   Hint: {self.hint}")
-        return lines
-
-    def __str__(self) -> str:
-        return "\n".join(self._lines())
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        colour = _COLOURS[self.status]
-        head = f"<b>{_ICONS[self.status]} {html.escape(self.name)}</b>: {html.escape(self.message)}"
-        hint = f"<br><b>Hint:</b> {html.escape(self.hint)}" if self.hint else ""
-        return (
-            f'<div style="border-left: 4px solid {colour}; padding: 4px 10px; '
-            f'margin: 2px 0; font-family: var(--jp-content-font-family, sans-serif)">{head}{hint}</div>'
-        )
-
-
-class Verdict(Exception):
-    """Raised inside a check to end it with a result."""
-
-    def __init__(self, status: str, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.hint = status, message, hint
-
-
-def fail(message: str, hint: str | None = None) -> Verdict:
-    return Verdict(FAILED, message, hint)
-
-
-def run_check(name: str, body: Callable[[], str]) -> CheckResult:
-    """Run ``body`` (which returns the pass message) and turn what happens into a result.
-
-    The global random state is restored afterwards, so a check never changes the
-    random numbers of the learner's next cells.
-    """
-    with torch.random.fork_rng(devices=[]):
-        try:
-            result = CheckResult(name, PASSED, body())
-        except Verdict as verdict:
-            result = CheckResult(name, verdict.status, verdict.message, verdict.hint)
-        except Exception as error:  # a bug in the check itself: say so, don't crash
-            result = CheckResult(
-                name, ERROR, f"the check itself failed ({type(error).__name__}: {error})",
-                "This is a bug in mha_lib.checks, not in your code; please report it.",
-            )
-    log_result(result)
-    return result
-
-
-CHECK_LOG = "MHA_CHECK_LOG"
-
-
-def log_result(result: CheckResult) -> None:
-    """Append the result as one JSON line to the file named by ``$MHA_CHECK_LOG``, if set.
-
-    ``python -m mha_lib progress`` runs a learner's notebook with this variable set and
-    reads the lines back: ``{"check", "status", "message", "hint"}``, one per check call.
-    """
-    path = os.environ.get(CHECK_LOG)
-    if not path:
-        return
-    record = {"check": result.name, "status": result.status, "message": result.message, "hint": result.hint}
-    try:
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps(record, ensure_ascii=False) + "\n")
-    except OSError:  # a log that can't be written must never break the learner's check
-        pass
-
-
-# ---------------------------------------------------------------- calling the learner
-
-_ERROR_HINTS: list[tuple[tuple[str, ...], str]] = [
-    (("'d_v'",),
-     "The listing in Transformers in Action uses self.d_v, which it never defines. Every head's "
-     "values have the same size as its keys: d_k = d_model // num_heads."),
-    (("view size is not compatible",),
-     ".view() needs a contiguous tensor, and a transposed tensor isn't one. Call .contiguous() "
-     "before .view(), or use .reshape()."),
-    (("masked_fill only supports boolean masks", "expected a boolean", "Bool type is not supported"),
-     "Masks are boolean tensors (True = may attend): use masked_fill(~mask, float('-inf'))."),
-    (("unexpected keyword argument 'mask'",),
-     "Your function must accept a mask argument, even if it is None: def ...(..., mask=None)."),
-    (("mat1 and mat2 shapes cannot be multiplied", "must match the size of tensor",
-      "size of tensor a", "shape '", "Expected size", "expected size", "does not broadcast"),
-     "The shapes don't fit. Print the shape of every intermediate tensor; to swap the last two "
-     "axes of a batched tensor use .transpose(-2, -1) (not .T)."),
-    (("is not defined",),
-     "A name is not defined: run the cells above this one first (or check the spelling)."),
-    (("'NoneType'",),
-     "Something was None: does every function you call end with a return statement?"),
+__all__ = [
+    "ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "CheckFailed", "CheckResult", "Mistake", "Verdict",
+    "accepts", "call", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
+    "expect_tensor", "fail", "gen", "log_result", "randn", "run_check", "sqrt", "unpack_pair",
 ]
 
-
-def _where_in_learner_code(error: BaseException) -> str:
-    """' (line N: <code>)' for the deepest traceback frame outside mha_lib and torch."""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = frame.filename.replace("\\", "/")
-        if "/mha_lib/checks/" in path or "/torch/" in path or "/site-packages/" in path:
-            continue
-        code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
-        return f" at line {frame.lineno}: {code}" if code else ""
-    return ""
+_PLURAL = {"scores", "weights", "masks", "gradients"}
 
 
-def describe_error(error: BaseException, what: str) -> Verdict:
-    """Turn an exception from the learner's code into a short verdict with a hint."""
-    if isinstance(error, NotImplementedError):
-        return Verdict(NOT_IMPLEMENTED, "not implemented yet (it raises NotImplementedError)",
-                       "Replace the `raise NotImplementedError` with your code, run the cell, then this one.")
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    hint = next((h for keys, h in _ERROR_HINTS if any(k in str(error) for k in keys)),
-                "Call it yourself on small inputs and read the full traceback.")
-    where = _where_in_learner_code(error)
-    return Verdict(ERROR, f"{what} raised {type(error).__name__}: {text}{where}", hint)
+def _verb(what: str, singular: str, plural: str) -> str:
+    words = what.split()
+    head = words[1] if len(words) > 1 and words[0] == "the" else (words[0] if words else "")
+    return plural if head in _PLURAL else singular
 
 
-class _ForbiddenCallWatcher:
-    """Notice whether the learner's code calls one of the course's own answers."""
-
-    def __init__(self, forbidden: Iterable[Callable[..., Any]]) -> None:
-        self.codes = {f.__code__: self._name(f) for f in forbidden}
-        self.called: str | None = None
-
-    @staticmethod
-    def _name(f: Callable[..., Any]) -> str:
-        """``mha_lib.causal_mask`` when the package exports it, else its full module path."""
-        top = f.__module__.split(".")[0]
-        name = f.__qualname__.split(".")[0]
-        exported = getattr(sys.modules.get(top), name, None)
-        if exported is f or getattr(exported, "forward", None) is f or getattr(exported, "__wrapped__", None) is f:
-            return f"{top}.{f.__qualname__}"
-        return f"{f.__module__}.{f.__qualname__}"
-
-    def __enter__(self) -> _ForbiddenCallWatcher:
-        self.previous = sys.getprofile()
-        if self.codes:
-            sys.setprofile(self._profile)
-        return self
-
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in self.codes and self.called is None:
-            self.called = self.codes[frame.f_code]
-
-    def __exit__(self, *exc: Any) -> None:
-        sys.setprofile(self.previous)
+def _describe(value: Any) -> str:
+    """What a value is, in a few words: ``a tuple of 3 (Tensor (2, 4), Tensor (2, 4), None)``."""
+    if isinstance(value, Tensor):
+        return f"Tensor {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        parts = ", ".join(_describe(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"a {type(value).__name__} of {len(value)} ({parts})"
+    return "None" if value is None else type(value).__name__
 
 
-def call(fn: Callable[..., Any], *args: Any, what: str, forbidden: Sequence[Callable[..., Any]] = (),
-         **kwargs: Any) -> Any:
-    """Call the learner's ``fn``; stubs, exceptions and shortcuts become verdicts."""
-    if not callable(fn):
-        raise fail(f"expected a function or class, got {type(fn).__name__}",
-                   "Pass the function itself, without calling it: check(my_function), not check(my_function()).")
-    watcher = _ForbiddenCallWatcher(forbidden)
-    try:
-        with watcher:
-            result = fn(*args, **kwargs)
-    except Exception as error:  # the learner's code failed: report, don't raise
-        raise describe_error(error, what) from None
-    if watcher.called:
-        raise fail(f"{what} calls {watcher.called}, the course's own answer",
-                   "The exercise is to write it yourself; the check compares your code with it.")
-    return result
-
-
-def cloned(*tensors: Tensor) -> list[Tensor]:
-    return [t.clone() for t in tensors]
-
-
-def check_unchanged(names: Sequence[str], originals: Sequence[Tensor | None], given: Sequence[Tensor | None],
-                    what: str) -> None:
-    """Fail if the learner's code changed one of its inputs in place."""
-    for name, original, copy in zip(names, originals, given):
-        if original is not None and copy is not None and not torch.equal(original, copy):
-            raise fail(f"{what} changed its input `{name}` in place",
-                       "In-place operations (x /= ..., x.masked_fill_(...), x[...] = ...) overwrite the "
-                       "caller's tensor; compute a new tensor instead (x = x / ..., x.masked_fill(...)).")
-
-
-# ---------------------------------------------------------------- validating results
-
-def expect_tensor(value: Any, what: str, shape: Sequence[int], *, dtype: str = "float",
+def expect_tensor(value: Any, what: str, shape: Sequence[int], *, dtype: str | torch.dtype = "float",
                   explain: str = "") -> Tensor:
-    """Return ``value`` as a plain tensor, or fail naming what's wrong with it."""
+    """Return ``value`` as a plain tensor, or fail naming what's wrong with it.
+
+    ``dtype``: ``"float"`` (any floating point), ``"bool"``, ``"any"``, or the exact
+    ``torch.dtype`` the inputs had (a float32 input must give a float32 output).
+    """
     shape = tuple(shape)
+    is_, has = _verb(what, "is", "are"), _verb(what, "has", "have")
     if value is None:
-        raise Verdict(NOT_IMPLEMENTED, f"not implemented yet ({what} is None)",
+        raise Verdict(NOT_IMPLEMENTED, f"not implemented yet ({what} {is_} None)",
                       "Does your function end with a return statement?")
     if type(value).__module__.startswith("numpy"):
-        raise fail(f"{what} is a NumPy array, not a torch.Tensor",
+        raise fail(f"{what} {is_} a NumPy array, not a torch.Tensor",
                    "Stay in PyTorch: NumPy breaks autograd and the GPU. Don't call .numpy().")
     if isinstance(value, (list, tuple)):
-        raise fail(f"{what} is a {type(value).__name__}, not a torch.Tensor of shape {shape}",
+        raise fail(f"{what} {is_} {_describe(value)}, not a torch.Tensor of shape {shape}",
                    "Return one tensor; torch.stack or torch.cat join a list of tensors.")
     if not isinstance(value, Tensor):
-        raise fail(f"{what} is a {type(value).__name__}, not a torch.Tensor")
+        raise fail(f"{what} {is_} a {type(value).__name__}, not a torch.Tensor")
     if type(value) not in (Tensor, torch.nn.Parameter):
-        raise fail(f"{what} is a {type(value).__name__}, a subclass of torch.Tensor; return a plain tensor")
+        raise fail(f"{what} {is_} a {type(value).__name__}, a subclass of torch.Tensor; return a plain tensor")
     value = value.detach()
     if tuple(value.shape) != shape:
-        raise fail(f"{what} has shape {tuple(value.shape)}, expected {shape}{explain}",
+        raise fail(f"{what} {has} shape {tuple(value.shape)}, expected {shape}{explain}",
                    "Print the shape after every step to see where it goes astray.")
     if dtype == "float" and not value.is_floating_point():
-        raise fail(f"{what} has dtype {value.dtype}; expected floating point numbers")
+        raise fail(f"{what} {has} dtype {value.dtype}; expected floating point numbers")
+    if isinstance(dtype, torch.dtype) and value.dtype != dtype:
+        raise fail(f"{what} {has} dtype {value.dtype} for inputs of dtype {dtype}",
+                   "Keep the inputs' dtype: don't call .double() / .float() or create tensors with another dtype "
+                   "(torch.tensor(..., dtype=query.dtype), torch.zeros_like(...) keep it).")
     if dtype == "bool" and value.dtype != torch.bool:
-        raise fail(f"{what} has dtype {value.dtype}; expected torch.bool (True = may attend)",
+        raise fail(f"{what} {has} dtype {value.dtype}; expected torch.bool (True = may attend)",
                    "Build it with comparisons or torch.ones(..., dtype=torch.bool); a 0/1 float mask would "
                    "be added to the scores instead of blocking them.")
     return value
@@ -267,10 +100,10 @@ def unpack_pair(value: Any, what: str, first: str, second: str) -> tuple[Any, An
         raise Verdict(NOT_IMPLEMENTED, f"not implemented yet ({what} returned None)",
                       "Does your function end with a return statement?")
     if isinstance(value, Tensor):
-        raise fail(f"{what} returned one tensor; expected a pair ({first}, {second})",
+        raise fail(f"{what} returned one tensor {tuple(value.shape)}; expected a pair ({first}, {second})",
                    f"End with: return {first}, {second}")
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise fail(f"{what} returned {type(value).__name__}; expected a pair ({first}, {second})",
+        raise fail(f"{what} returned {_describe(value)}; expected a pair ({first}, {second})",
                    f"End with: return {first}, {second}")
     return value[0], value[1]
 
@@ -317,8 +150,8 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> Tensor:
-    return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float64) -> Tensor:
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
 def describe_shapes(**tensors: Tensor | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import (
@@ -25,8 +26,8 @@ from ._core import (
     run_check,
     sqrt,
 )
-from .attention import SCALE_HINT, _attend
-from .heads import _set_weights, mha_reference
+from ._reference import attend, linear, multi_head, projections
+from .attention import SCALE_HINT
 
 # ------------------------------------------------------------------ chapter 06
 
@@ -130,7 +131,7 @@ def check_encoder_layer(cls: Any) -> CheckResult:
                     "Pre-norm: x = x + self_attn(h, h, h, mask) with h = norm1(x); then x = x + feed_forward(norm2(x)).")
         return "correct, with and without a padding mask"
 
-    return run_check("EncoderLayer", body)
+    return run_check("encoder layer", body)
 
 
 def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
@@ -138,27 +139,25 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
     through ``mha`` with head ``head``'s output set to zero just before ``W_o``."""
 
     def body() -> str:
-        from .. import sentiment  # the course's own answer lives there
-
         g = gen(42)
         D, H = 12, 3
         mha = MultiHeadAttention(D, H).double().eval()
-        w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, g)
+        w = projections(mha, g)
         x = randn(g, 2, 5, D)
         d_k = D // H
 
         def silenced(h: int) -> Tensor:
-            concat = mha_reference(w, x, x, x, None, H, out_proj=False)  # (B, L, D) before W_o
+            concat = multi_head(w, x, x, x, None, H, out_proj=False)[0]  # (B, L, D) before W_o
             concat = concat.clone()
             concat[..., h * d_k:(h + 1) * d_k] = 0
-            return concat @ w["W_o"][0].T + w["W_o"][1]
+            return linear(w["W_o"], concat)
 
         for head in range(H):
             (arg,) = cloned(x)
             before = {n: p.detach().clone() for n, p in mha.named_parameters()}
             with torch.no_grad():
                 out = call(fn, mha, arg, head, what=f"your function (head={head})",
-                           forbidden=[sentiment.silence_heads.__wrapped__])
+                           forbidden=[mha_heads.silence_heads.__wrapped__])
             check_unchanged(["x"], [x], [arg], "your function")
             if any(not torch.equal(p, before[n]) for n, p in mha.named_parameters()):
                 raise fail("your function changed the module's weights",
@@ -168,7 +167,7 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
                 out = out[0]
             out = expect_tensor(out, f"the output for head={head}", x.shape, explain=" (B, L, d_model)")
             if not close(out, silenced(head)):
-                full = mha_reference(w, x, x, x, None, H)
+                full = multi_head(w, x, x, x, None, H)[0]
 
                 def zero_after_w_o() -> Tensor:
                     y = full.clone()
@@ -199,7 +198,7 @@ def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResu
     def body() -> str:
         for D, H, seed in [(8, 2, 51), (12, 3, 52)]:
             mha = MultiHeadAttention(D, H).double().eval()
-            w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, gen(seed))
+            w = projections(mha, gen(seed))
             fused = call(fn, mha, what="your function")
             if isinstance(fused, Tensor):
                 raise fail("your function returned a tensor; expected an nn.Linear(d_model, 3 * d_model)",
@@ -212,7 +211,7 @@ def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResu
             x = randn(gen(seed + 1), 2, 4, D)
             with torch.no_grad():
                 y = fused.double()(x)  # (B, L, 3D)
-            q, k, v = (x @ w[n][0].T + w[n][1] for n in ("W_q", "W_k", "W_v"))
+            q, k, v = (linear(w[n], x) for n in ("W_q", "W_k", "W_v"))
             if not close(y, torch.cat([q, k, v], dim=-1)):
                 chunks = y.split(D, dim=-1)
                 wb = fused.bias is None or not close(fused.bias.double(), torch.cat([w[n][1] for n in ("W_q", "W_k", "W_v")]))
@@ -248,7 +247,7 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
                 out = out[0]
             where = f"for Lk={Lk} keys in blocks of {block}"
             out = expect_tensor(out, f"the output {where}", (*batch, Lq, d_v), explain=" (..., Lq, d_v)")
-            if close(out, _attend(q, k, v)[0]):
+            if close(out, attend(q, k, v)[0]):
                 continue
 
             def online(rescale: bool = True, normalize: bool = True, scale: float | None = None) -> Tensor:
@@ -273,7 +272,7 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
                 ("the output was never divided by the running sum", lambda: online(normalize=False),
                  "At the end, divide the accumulated output by the accumulated sum of exponentials."),
                 ("the scores were not scaled", lambda: online(scale=1.0), SCALE_HINT),
-                ("only the last block was used", lambda: _attend(q, k[..., (Lk - 1) // block * block:, :],
+                ("only the last block was used", lambda: attend(q, k[..., (Lk - 1) // block * block:, :],
                                                                  v[..., (Lk - 1) // block * block:, :])[0],
                  "Accumulate over every block; a loop that overwrites instead of adding keeps only the last one."),
             ], f"wrong output {where}",

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..masks import causal_mask, padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import CheckResult, call, close, expect_tensor, fail, gen, randn, run_check
-from .heads import _set_weights, mha_reference
+from ._reference import multi_head, projections
 
 CONVENTION_HINT = ("nn.MultiheadAttention's masks mean True = *blocked*, the opposite of mha_lib and "
                    "F.scaled_dot_product_attention: invert with ~mask.")
@@ -19,7 +19,7 @@ CONVENTION_HINT = ("nn.MultiheadAttention's masks mean True = *blocked*, the opp
 
 def _twin(D: int, H: int, seed: int) -> tuple[MultiHeadAttention, dict[str, tuple[Tensor, Tensor]]]:
     mha = MultiHeadAttention(D, H).double().eval()
-    w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, gen(seed))
+    w = projections(mha, gen(seed))
     return mha, w
 
 
@@ -77,7 +77,7 @@ def check_copy_to_torch(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
             with torch.no_grad():
                 for q, kv in ((x, x), (x, src)):
                     out = model(q, kv, kv, need_weights=False)[0]
-                    if not close(out, mha_reference(w, q, kv, kv, None, H)):
+                    if not close(out, multi_head(w, q, kv, kv, None, H)[0]):
                         raise fail("the weights look right but the outputs differ",
                                    "Check dropout (use the same value) and that the module is in eval mode.")
         return "the copied module gives the same outputs (self- and cross-attention, 2 configurations)"
@@ -118,7 +118,7 @@ def check_attn_mask_for_torch(fn: Callable[[Tensor], Any]) -> CheckResult:
                            "or 0 and -inf.")
             if converted.is_floating_point():
                 converted = converted.double()
-            if not close(_torch_out(model, x, attn_mask=converted), mha_reference(w, x, x, x, allowed, H)):
+            if not close(_torch_out(model, x, attn_mask=converted), multi_head(w, x, x, x, allowed, H)[0]):
                 raise fail(f"nn.MultiheadAttention with your converted {label} gives different outputs", CONVENTION_HINT)
         return "nn.MultiheadAttention applies your masks like mha_lib (causal and random)"
 

@@ -9,8 +9,21 @@ import torch
 from torch import Tensor
 
 from ..multi_head import MultiHeadAttention
-from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
-from .heads import _set_weights, mha_reference
+from ._core import (
+    CheckResult,
+    call,
+    check_unchanged,
+    cloned,
+    close,
+    diagnose,
+    expect_tensor,
+    fail,
+    gen,
+    randn,
+    run_check,
+    unpack_pair,
+)
+from ._reference import multi_head, projections
 
 DEFINITION = ("For every query, head 0 may attend to the keys at positions [0, L//2) and head 1 to "
               "[L//2, L): mask[0, :, :L//2] = True and mask[1, :, L//2:] = True.")
@@ -69,41 +82,60 @@ def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
 
 
 def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(mha, x) -> output`` (or ``(output, weights)``): self-attention of
-    ``x (B, L, d_model)`` through a 2-head ``mha_lib.MultiHeadAttention`` in which head 0 may
-    attend only to the first half of the sequence and head 1 only to the second half."""
+    """Check ``fn(mha, x) -> (output, weights)``: self-attention of ``x (B, L, d_model)``
+    through a 2-head ``mha_lib.MultiHeadAttention`` in which head 0 may attend only to the
+    first half of the sequence and head 1 only to the second half; output ``(B, L, d_model)``,
+    weights ``(B, 2, L, L)``."""
 
     def body() -> str:
         g = gen(31)
         D, H = 8, 2
         mha = MultiHeadAttention(D, H).double().eval()
-        w = _set_weights({a: getattr(mha, a) for a in ("W_q", "W_k", "W_v", "W_o")}, g)
+        w = projections(mha, g)
         cases = [randn(g, 2, 4, D), randn(g, 3, 7, D), randn(g, 2, 6, D)]  # B=2 = H on purpose
         for x in cases:
             B, L, _ = x.shape
             (arg,) = cloned(x)
             with torch.no_grad():
-                out = call(fn, mha, arg, what=f"your function (x {tuple(x.shape)})")
+                result = call(fn, mha, arg, what=f"your function (x {tuple(x.shape)})")
             check_unchanged(["x"], [x], [arg], "your function")
-            if isinstance(out, (tuple, list)) and len(out) == 2:
-                out = out[0]
+            if isinstance(result, Tensor):
+                raise fail(f"your function returned only the output {tuple(result.shape)}; the exercise says "
+                           "Return (output, weights)",
+                           "Ask the module for its weights too: mha(x, x, x, mask=..., return_weights=True) "
+                           "returns (output, weights).")
+            out, weights = unpack_pair(result, "your function", "output", "weights")
+            if weights is None:
+                raise fail("your function returned (output, None); the exercise says Return (output, weights)",
+                           "mha(x, x, x, mask=..., return_weights=True) returns (output, weights).")
             out = expect_tensor(out, f"the output for x {tuple(x.shape)}", (B, L, D), explain=" (B, L, d_model)")
-            expected = mha_reference(w, x, x, x, halves(L), H)
+            expected, expected_w = multi_head(w, x, x, x, halves(L), H)
             if not close(out, expected):
                 raise diagnose(out, [
-                    ("unrestricted attention (no mask)", lambda: mha_reference(w, x, x, x, None, H),
+                    ("unrestricted attention (no mask)", lambda: multi_head(w, x, x, x, None, H)[0],
                      "Pass the per-head mask: mha(x, x, x, mask=halves_mask(L))."),
-                    ("the heads are swapped", lambda: mha_reference(w, x, x, x, halves(L)[[1, 0]], H),
+                    ("the heads are swapped", lambda: multi_head(w, x, x, x, halves(L)[[1, 0]], H)[0],
                      "Head 0 gets the first half of the keys."),
                     ("the queries were restricted instead of the keys",
-                     lambda: mha_reference(w, x, x, x, halves(L).transpose(-2, -1), H),
+                     lambda: multi_head(w, x, x, x, halves(L).transpose(-2, -1), H)[0],
                      "Restrict the keys (the last axis of the mask), for every query."),
                     ("the mask was applied per sequence instead of per head",
-                     lambda: mha_reference(w, x, x, x, halves(L)[:, None], H),
+                     lambda: multi_head(w, x, x, x, halves(L)[:, None], H)[0],
                      "A (2, 1, L, L) mask lines up with the batch axis. A per-head mask is (H, L, L) "
                      "(or (1, H, L, L)): it broadcasts over the batch."),
                 ], f"wrong output for x {tuple(x.shape)}",
                     "Self-attention through the given module, with a (2, L, L) mask: " + DEFINITION)
+            if isinstance(weights, Tensor) and tuple(weights.shape) == (B, L, L) and close(weights.detach(),
+                                                                                           expected_w.mean(1)):
+                raise fail(f"the weights for x {tuple(x.shape)} are averaged over the heads, shape {(B, L, L)}",
+                           "Return each head's weights, (B, 2, L, L), as the module gives them with return_weights=True.")
+            weights = expect_tensor(weights, f"the weights for x {tuple(x.shape)}", (B, H, L, L),
+                                    explain=" (B, 2, L, L)")
+            if not close(weights, expected_w):
+                raise fail(f"the output is right but the weights for x {tuple(x.shape)} are not the ones it was "
+                           "computed with",
+                           "Return the weights of the same call that gave the output: "
+                           "mha(x, x, x, mask=..., return_weights=True).")
         return f"correct on {len(cases)} inputs (even and odd lengths)"
 
     return run_check("restricted multi-head attention", body)
