@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 08 · Restricting where heads may look
+# # Chapter 10 · Restricting where heads may look
 #
 # The course ends where its first source ends. Priyesh Dave's post "Day 28: Multi-Head
 # Attention" closes with a challenge: change the multi-head code so that **the first head may
@@ -24,8 +24,10 @@
 #
 # The challenge is not a toy. Telling a head where it may look is how today's models handle long
 # inputs: full attention costs `L × L` scores per head, and a model that reads 100 000 tokens
-# cannot pay that. So this chapter first builds the restrictions real models use, then sets up
-# the challenge, which you solve in `exercises/08_restricting_heads.ipynb`.
+# cannot pay that (chapter 09 met the causal sliding window as a way to bound the key/value
+# cache; here it is one restriction among several). So this chapter first builds the
+# restrictions real models use, then sets up the challenge, which you solve in
+# `exercises/10_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
 #
@@ -342,15 +344,15 @@ plt.show()
 #
 # ## Your turn
 #
-# - Start your copy: `make exercise N=08` (or `.venv/bin/python -m mha_lib start 08`), then open
-#   `workspace/08_restricting_heads.ipynb`. The exercise notebook is
-#   `exercises/08_restricting_heads.ipynb`; its checks (`check_halves_mask`,
+# - Start your copy: `make exercise N=10` (or `.venv/bin/python -m mha_lib start 10`), then open
+#   `workspace/10_restricting_heads.ipynb`. The exercise notebook is
+#   `exercises/10_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.
 # - Write your answer before you read the model answer.
 #
 # ## After the exercise
 #
-# The model answer is in `solutions/08_restricting_heads.ipynb`, Part 4. It does not rest on the
+# The model answer is in `solutions/10_restricting_heads.ipynb`, Part 4. It does not rest on the
 # one model the notebook trains: it reads the course's **seed study**, the same free and
 # restricted models trained from 30 seeds on three CPU kernel paths
 # (`mha_lib.sentiment.load_study()`; `make study` re-runs it), and quotes only what held across
@@ -370,7 +372,11 @@ plt.show()
 # - **Chapter 06:** heads of a trained model specialize, ablation measures what each one is for,
 #   and only a study over many seeds says which findings are robust.
 # - **Chapter 07:** the same maths, fused, without ever storing the `L × L` weights.
-# - **Chapter 08:** a mask per head decides what each head may see: windows, global tokens and
+# - **Chapter 08:** positions enter attention from outside: added to the embeddings, or as a
+#   rotation of each head's queries and keys (RoPE) that makes scores depend on the offset.
+# - **Chapter 09:** at inference a model caches each layer's keys and values; fewer key/value
+#   heads (MQA, GQA) and sliding windows keep that cache small.
+# - **Chapter 10:** a mask per head decides what each head may see: windows, global tokens and
 #   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
 # ## Where to go next
