@@ -8,6 +8,8 @@ Each chapter derives a piece and the next chapters import it from here:
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 06)
 - :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 07)
+- :func:`sinusoidal_positions`, :func:`apply_rotary` (chapter 08, positions inside attention)
+- :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 09, attention at inference)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
@@ -37,10 +39,14 @@ _EXPORTS: dict[str, str] = {
     "EncoderLayer": "encoder",
     "combine_heads": "heads",
     "split_heads": "heads",
+    "repeat_kv": "inference",
     "causal_mask": "masks",
     "padding_mask": "masks",
+    "sliding_window_mask": "masks",
     "MultiHeadAttention": "multi_head",
     "plot_attention": "plotting",
+    "apply_rotary": "positions",
+    "sinusoidal_positions": "positions",
     "AttentionHead": "single_head",
 }
 
@@ -50,13 +56,17 @@ __all__ = [
     "EfficientMultiHeadAttention",
     "EncoderLayer",
     "MultiHeadAttention",
+    "apply_rotary",
     "causal_mask",
     "combine_heads",
     "get_device",
     "padding_mask",
     "plot_attention",
+    "repeat_kv",
     "scaled_dot_product_attention",
     "seed_everything",
+    "sinusoidal_positions",
+    "sliding_window_mask",
     "split_heads",
 ]
 
@@ -68,10 +78,14 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ (_load) lo
     from .encoder import EncoderLayer as EncoderLayer
     from .heads import combine_heads as combine_heads
     from .heads import split_heads as split_heads
+    from .inference import repeat_kv as repeat_kv
     from .masks import causal_mask as causal_mask
     from .masks import padding_mask as padding_mask
+    from .masks import sliding_window_mask as sliding_window_mask
     from .multi_head import MultiHeadAttention as MultiHeadAttention
     from .plotting import plot_attention as plot_attention
+    from .positions import apply_rotary as apply_rotary
+    from .positions import sinusoidal_positions as sinusoidal_positions
     from .single_head import AttentionHead as AttentionHead
 
 

@@ -4,9 +4,9 @@ Same maths and the same forward contract as :class:`~mha_lib.MultiHeadAttention`
 with two optimisations:
 
 1. **Fused input projection.** ``W_q, W_k, W_v`` are stacked into one
-   ``(3·d_model, d_model)`` weight, so self-attention projects with one
-   matrix multiplication and splits the result (nanoGPT's ``c_attn``,
-   ``nn.MultiheadAttention``'s ``in_proj_weight``).
+   ``(D + 2·H_kv·d_k, D)`` weight (``(3·D, D)`` without grouped heads), so
+   self-attention projects with one matrix multiplication and splits the result
+   (nanoGPT's ``c_attn``, ``nn.MultiheadAttention``'s ``in_proj_weight``).
 2. **Fused attention kernel.** :func:`torch.nn.functional.scaled_dot_product_attention`
    picks a flash / memory-efficient kernel where the device has one, and never
    stores the ``(B, H, Lq, Lk)`` weights. ``return_weights=True`` falls back to
@@ -20,9 +20,47 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import check_mask, scaled_dot_product_attention
+from .heads import combine_heads, split_heads
+from .inference import check_num_kv_heads, repeat_kv
 from .multi_head import MultiHeadAttention, check_qkv
+from .positions import apply_rotary, check_rotary
 
 __all__ = ["EfficientMultiHeadAttention"]
+
+# PyTorch 2.5 added enable_gqa: the kernel reads each key/value head for its group of query
+# heads, without the copies repeat_kv makes.
+SDPA_HAS_GQA = torch.__version__ >= "2.5"
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` with mha_lib's masks, grouped heads and fully-masked-row rule.
+
+    q ``(B, H, Lq, d_k)``, k and v ``(B, H_kv, Lk, d_k)`` with ``H_kv`` dividing ``H``;
+    returns ``(B, H, Lq, d_k)``.
+    """
+    n_rep = q.size(1) // k.size(1)
+    gqa = {}
+    if n_rep > 1 and SDPA_HAS_GQA:
+        gqa = {"enable_gqa": True}
+    elif n_rep > 1:  # an older PyTorch: copy each key/value head to its group
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Lk, d_k)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **gqa)
+    check_mask(mask, q.shape[:-1] + k.shape[-2:-1])  # (B, H, Lq, Lk)
+    if mask.dim() < 2:  # SDPA wants (..., Lq, Lk); a (Lk,) mask applies to every query
+        mask = mask.reshape(1, -1)
+    # A query that may attend to no key must get a zero output, as in mha_lib. The
+    # fused kernels' online softmax can turn such a row into NaN on some devices
+    # (pytorch/pytorch#110213), so unblock the row for the kernel and zero it after.
+    if mask.dtype == torch.bool:
+        blocked = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
+        mask = mask | blocked
+    else:
+        mask = mask.to(q.dtype)
+        blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., Lq, 1)
+        mask = mask.masked_fill(blocked, 0.0)
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, **gqa)
+    return heads.masked_fill(blocked, 0.0)  # (B, H, Lq, d_k)
 
 
 class EfficientMultiHeadAttention(nn.Module):
@@ -33,26 +71,43 @@ class EfficientMultiHeadAttention(nn.Module):
         num_heads: number of heads ``H``; must divide ``d_model``.
         dropout: dropout on the attention weights, active in training mode only.
         bias: whether the projections have a bias.
+        num_kv_heads: number of key/value heads ``H_kv`` (grouped-query attention); must
+            divide ``num_heads``; defaults to ``num_heads``.
+        rotary: rotate each head's queries and keys by their positions (RoPE), as the teaching module.
 
     Attributes:
-        W_qkv: ``nn.Linear(d_model, 3 * d_model)``; its weight is
+        W_qkv: ``nn.Linear(d_model, d_model + 2 * num_kv_heads * d_k)``; its weight is
             ``cat([W_q.weight, W_k.weight, W_v.weight])`` of the teaching module.
         W_o: ``nn.Linear(d_model, d_model)``, the output projection.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
+        rotary: bool = False,
+    ) -> None:
         super().__init__()
         self._check_config(d_model, num_heads, dropout)
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_k = d_model // num_heads
+        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
+        self.rotary = bool(rotary)
+        if self.rotary:
+            check_rotary(self.d_k)
         self.dropout = dropout
-        self.W_qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        kv_features = self.num_kv_heads * self.d_k
+        self.qkv_sizes = [d_model, kv_features, kv_features]  # the rows of W_q, W_k, W_v in W_qkv
+        self.W_qkv = nn.Linear(d_model, sum(self.qkv_sizes), bias=bias)
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
 
     @classmethod
     def from_module(cls, mha: MultiHeadAttention) -> EfficientMultiHeadAttention:
-        """A copy of ``mha``'s weights (dtype, device and train/eval mode too), fused.
+        """A copy of ``mha``'s weights (dtype, device, train/eval mode and head counts too), fused.
 
         Both modules then compute the same function: ``new(q, k, v, mask) == mha(q, k, v, mask)``
         up to rounding.
@@ -62,7 +117,8 @@ class EfficientMultiHeadAttention(nn.Module):
                 f"from_module expects a mha_lib.MultiHeadAttention, got {type(mha).__name__}"
             )
         bias = mha.W_q.bias is not None
-        new = cls(mha.d_model, mha.num_heads, dropout=mha.dropout, bias=bias)
+        new = cls(mha.d_model, mha.num_heads, dropout=mha.dropout, bias=bias,
+                  num_kv_heads=mha.num_kv_heads, rotary=mha.rotary)
         new.to(device=mha.W_q.weight.device, dtype=mha.W_q.weight.dtype)
         with torch.no_grad():
             new.W_qkv.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
@@ -96,63 +152,36 @@ class EfficientMultiHeadAttention(nn.Module):
             output ``(B, Lq, d_model)``, or ``(output, weights)``.
         """
         check_qkv(query, key, value, self.d_model)  # the same checks as the teaching module
-        B, Lq, D = query.shape
-        Lk = key.size(1)
-        H, d_k = self.num_heads, self.d_k
 
-        # 1) project: one matmul when query, key and value are one tensor
-        q, k, v = self._project(query, key, value)  # 3 x (B, L, D)
-        # 2) split into heads: views, no copies
-        q = q.view(B, Lq, H, d_k).transpose(1, 2)  # (B, H, Lq, d_k)
-        k = k.view(B, Lk, H, d_k).transpose(1, 2)  # (B, H, Lk, d_k)
-        v = v.view(B, Lk, H, d_k).transpose(1, 2)  # (B, H, Lk, d_k)
+        # 1) project: one matmul for self-attention; then 2) split into heads (views, no copies)
+        q, k, v = self._project(query, key, value)  # (B, Lq, D), (B, Lk, H_kv·d_k) x 2
+        q = split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
+        k = split_heads(k, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        v = split_heads(v, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
+            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
 
-        # 3) attend
+        # 3) attend: the fused kernel, or the explicit path when the weights must exist to be returned
         dropout_p = self.dropout if self.training else 0.0
-        if return_weights:  # the explicit path: the weights must exist to be returned
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, Lq, d_k)
+        if return_weights:
+            n_rep = self.num_heads // self.num_kv_heads
+            heads, weights = scaled_dot_product_attention(
+                q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, dropout_p
+            )  # (B, H, Lq, d_k), (B, H, Lq, Lk)
         else:
-            heads = self._fused_attention(q, k, v, mask, dropout_p)  # (B, H, Lq, d_k)
+            heads = fused_attention(q, k, v, mask, dropout_p)  # (B, H, Lq, d_k)
 
         # 4) concatenate the heads and 5) mix them
-        output = self.W_o(heads.transpose(1, 2).reshape(B, Lq, D))  # (B, Lq, D)
+        output = self.W_o(combine_heads(heads))  # (B, Lq, D)
         return (output, weights) if return_weights else output
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``W_q query, W_k key, W_v value`` with as few matmuls as the inputs allow."""
-        D = self.d_model
-        if query is key and key is value:  # self-attention
-            return self.W_qkv(query).split(D, dim=-1)
-        w_q, w_kv = self.W_qkv.weight.split([D, 2 * D])  # (D, D), (2D, D)
-        b_q, b_kv = (None, None) if self.W_qkv.bias is None else self.W_qkv.bias.split([D, 2 * D])
-        q = F.linear(query, w_q, b_q)  # (B, Lq, D)
-        if key is value:  # cross-attention to one memory: keys and values in one matmul
-            k, v = F.linear(key, w_kv, b_kv).split(D, dim=-1)
-            return q, k, v
-        w_k, w_v = w_kv.split(D)
-        b_k, b_v = (None, None) if b_kv is None else b_kv.split(D)
-        return q, F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-
-    @staticmethod
-    def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
-        """``F.scaled_dot_product_attention`` with mha_lib's masks and fully-masked-row rule."""
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        check_mask(mask, q.shape[:-1] + k.shape[-2:-1])  # (B, H, Lq, Lk)
-        if mask.dim() < 2:  # SDPA wants (..., Lq, Lk); a (Lk,) mask applies to every query
-            mask = mask.reshape(1, -1)
-        # A query that may attend to no key must get a zero output, as in mha_lib. The
-        # fused kernels' online softmax can turn such a row into NaN on some devices
-        # (pytorch/pytorch#110213), so unblock the row for the kernel and zero it after.
-        if mask.dtype == torch.bool:
-            blocked = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
-            mask = mask | blocked
-        else:
-            mask = mask.to(q.dtype)
-            blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., Lq, 1)
-            mask = mask.masked_fill(blocked, 0.0)
-        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        return heads.masked_fill(blocked, 0.0)  # (B, H, Lq, d_k)
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+        """``W_q query, W_k key, W_v value``: one matmul for self-attention, three otherwise."""
+        if query is key and key is value:  # self-attention: one fused matmul, then split
+            return self.W_qkv(query).split(self.qkv_sizes, dim=-1)
+        weights = self.W_qkv.weight.split(self.qkv_sizes)  # (D, D), (H_kv·d_k, D) x 2
+        biases = [None] * 3 if self.W_qkv.bias is None else self.W_qkv.bias.split(self.qkv_sizes)
+        return tuple(F.linear(x, w, b) for x, w, b in zip((query, key, value), weights, biases))
 
     @staticmethod
     def _check_config(d_model: int, num_heads: int, dropout: float) -> None:
@@ -167,4 +196,5 @@ class EfficientMultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, dropout={self.dropout}"
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")

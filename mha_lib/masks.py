@@ -48,3 +48,24 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
         raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
     positions = torch.arange(max_len, device=lengths.device)  # (Lk,)
     return (positions < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+
+
+def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """Causal local attention: query ``i`` may attend to the ``window`` keys ``i - window + 1 … i``.
+
+    ``mask[i, j]`` is True exactly where ``0 <= i - j < window`` (Mistral's sliding window,
+    Longformer's local attention made causal). With ``window >= seq_len`` it equals
+    :func:`causal_mask`; with ``window = 1`` every token sees only itself.
+
+    Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int (the number of keys each query sees), got {window!r}")
+    i = torch.arange(seq_len, device=device)[:, None]  # (L, 1) queries
+    j = torch.arange(seq_len, device=device)[None, :]  # (1, L) keys
+    return (i - j >= 0) & (i - j < window)  # (L, L)
+
+
+__all__ += ["sliding_window_mask"]

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
+from .inference import check_num_kv_heads, repeat_kv
+from .positions import apply_rotary, check_rotary
 
 __all__ = ["MultiHeadAttention", "check_qkv"]
 
@@ -44,9 +46,23 @@ class MultiHeadAttention(nn.Module):
         num_heads: number of heads ``H``; must divide ``d_model``.
         dropout: dropout on the attention weights, active in training mode only.
         bias: whether the four projections have a bias.
+        num_kv_heads: number of key/value heads ``H_kv``; must divide ``num_heads`` (default:
+            ``num_heads``). Each group of ``num_heads // num_kv_heads`` consecutive query heads
+            shares one key/value head (grouped-query attention; ``1`` is multi-query attention),
+            and ``W_k``, ``W_v`` map to ``num_kv_heads * d_k`` features only.
+        rotary: rotate each head's queries and keys by their positions (RoPE,
+            :func:`~mha_lib.apply_rotary`) after :func:`~mha_lib.split_heads`; needs an even ``d_k``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
+        rotary: bool = False,
+    ) -> None:
         super().__init__()
         if num_heads < 1 or d_model < 1:
             raise ValueError(f"d_model and num_heads must be positive, got d_model={d_model}, num_heads={num_heads}")
@@ -60,10 +76,14 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.num_heads = num_heads
         self.d_k = d_model // num_heads  # per head; the paper's d_k = d_v = d_model / h
+        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
+        self.rotary = bool(rotary)
+        if self.rotary:
+            check_rotary(self.d_k)
         self.dropout = dropout
         self.W_q = nn.Linear(d_model, d_model, bias=bias)
-        self.W_k = nn.Linear(d_model, d_model, bias=bias)
-        self.W_v = nn.Linear(d_model, d_model, bias=bias)
+        self.W_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
+        self.W_v = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
@@ -96,10 +116,15 @@ class MultiHeadAttention(nn.Module):
 
         # 1) project, then 2) split the d_model features into H heads of d_k
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
-        k = split_heads(self.W_k(key), self.num_heads)  # (B, H, Lk, d_k)
-        v = split_heads(self.W_v(value), self.num_heads)  # (B, H, Lk, d_k)
+        k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
+            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
 
-        # 3) every head attends on its own, in one batched call
+        # 3) every head attends on its own, in one batched call; a group of
+        #    H // H_kv query heads shares each key/value head
+        n_rep = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Lk, d_k)
         dropout_p = self.dropout if self.training else 0.0
         heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, Lq, d_k)
 
@@ -108,4 +133,5 @@ class MultiHeadAttention(nn.Module):
         return (output, weights) if return_weights else output
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, dropout={self.dropout}"
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")

@@ -1,0 +1,110 @@
+"""Positions for attention: sinusoidal encodings added to the input, rotary ones inside each head.
+
+Attention alone is permutation-equivariant: shuffle the tokens and the outputs shuffle with
+them. Two ways to tell it where each token sits:
+
+- :func:`sinusoidal_positions` (Vaswani et al., 2017) makes a ``(L, d_model)`` table that is
+  *added* to the token embeddings once, before the first layer.
+- :func:`apply_rotary` (RoPE, Su et al., 2021) *rotates* every head's queries and keys by an
+  angle proportional to their position, inside every layer. The score ``q_i · k_j`` then
+  depends on the positions only through the offset ``i - j``; the values are left alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["sinusoidal_positions", "apply_rotary", "check_rotary"]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_rotary(d_k: int) -> None:
+    """A clear error, at construction, for a module with ``rotary=True`` and an odd head size."""
+    if d_k % 2 != 0:
+        raise ValueError(
+            f"rotary=True needs an even head size d_k = d_model // num_heads, got d_k={d_k}: "
+            "RoPE rotates the features in pairs"
+        )
+
+
+def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
+    """The sinusoidal position encodings of *Attention Is All You Need* (section 3.5).
+
+        PE[pos, 2i]     = sin(pos / 10000^(2i / d_model))
+        PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model))
+
+    Each pair of features ``(2i, 2i + 1)`` is a point on a circle turning with the position,
+    fast for small ``i``, slowly for large ``i``. An odd ``d_model`` is allowed: its last
+    feature is the sine of one more frequency, whose cosine has no room.
+
+    Returns:
+        float32 ``(seq_len, d_model)``; row ``pos`` is added to the embedding of token ``pos``.
+    """
+    _check_positive_int("seq_len", seq_len)
+    _check_positive_int("d_model", d_model)
+    pos = torch.arange(seq_len, dtype=torch.float64, device=device)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(D/2),)
+    angles = pos / 10000.0 ** (two_i / d_model)  # (L, ceil(D/2))
+    table = torch.empty(seq_len, d_model, dtype=torch.float64, device=device)
+    table[:, 0::2] = angles.sin()  # even features, ceil(D/2) of them
+    table[:, 1::2] = angles[:, : d_model // 2].cos()  # odd features, floor(D/2) of them
+    return table.float()  # (L, D)
+
+
+def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+    """Rotate queries or keys by their positions (RoPE); ``(..., L, d_k) -> (..., L, d_k)``.
+
+    The ``d_k`` features of each head form ``d_k / 2`` pairs; pair ``i`` at position ``m``
+    is rotated by the angle ``m · θ_i`` with ``θ_i = base^(-2i / d_k)``:
+
+        (a, b) -> (a cos(mθ_i) - b sin(mθ_i),  a sin(mθ_i) + b cos(mθ_i))
+
+    A rotation keeps every vector's length, and position 0 is left unchanged. Since rotating
+    ``q`` by ``iθ`` and ``k`` by ``jθ`` rotates their dot product by ``(i - j)θ``, the score
+    ``q_i · k_j`` depends on the positions only through the offset ``i - j``.
+
+    Pairing convention: **half-split**, pair ``i`` is features ``(i, i + d_k/2)``, as in
+    GPT-NeoX and Hugging Face's LLaMA/Mistral/Qwen (``rotate_half``), the code a learner is
+    most likely to read. The RoFormer paper and Meta's original LLaMA code pair neighbours
+    ``(2i, 2i + 1)`` (interleaved). The two differ only by a fixed permutation of the
+    features of ``W_q`` and ``W_k`` (which is how checkpoints are converted between them);
+    both give the offset property, but weights trained with one are wrong with the other.
+
+    Args:
+        x: ``(..., L, d_k)`` with even ``d_k``, usually a ``(B, H, L, d_k)`` tensor of queries
+            or keys right after :func:`~mha_lib.split_heads`. Never apply it to the values.
+        positions: integer tensor ``(L,)``, the position of each of the ``L`` rows; defaults
+            to ``arange(L)``. A decoder with a cache of ``T`` tokens passes ``arange(T, T + L)``.
+        base: the wavelength scale; 10000 as in the paper.
+
+    Returns:
+        the rotated tensor, same shape and dtype as ``x``.
+    """
+    if not isinstance(x, Tensor) or x.dim() < 2:
+        raise ValueError(f"apply_rotary expects a tensor (..., L, d_k), got {getattr(x, 'shape', type(x).__name__)}")
+    L, d_k = x.shape[-2:]
+    if d_k % 2 != 0:
+        raise ValueError(f"apply_rotary needs an even d_k (features are rotated in pairs), got d_k={d_k}")
+    if positions is None:
+        positions = torch.arange(L, device=x.device)
+    if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor (L,), got {getattr(positions, 'dtype', positions)!r}")
+    if positions.shape != (L,):
+        raise ValueError(f"positions must have shape (L,) = ({L},), got {tuple(positions.shape)}")
+    if not base > 0:
+        raise ValueError(f"base must be positive, got {base}")
+
+    dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least float32
+    half = d_k // 2
+    theta = base ** (-torch.arange(half, dtype=dtype, device=x.device) * 2 / d_k)  # (d_k/2,)
+    angles = positions.to(device=x.device, dtype=dtype)[:, None] * theta  # (L, d_k/2)
+    cos, sin = angles.cos(), angles.sin()  # (L, d_k/2), broadcast over (...)
+    a, b = x.to(dtype).split(half, dim=-1)  # (..., L, d_k/2) each: the pairs (a_i, b_i)
+    rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, d_k)
+    return rotated.to(x.dtype)

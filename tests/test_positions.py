@@ -1,0 +1,213 @@
+"""Sinusoidal positions and rotary position embeddings (RoPE)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import TOLERANCES
+from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, sinusoidal_positions
+
+
+# ---------------------------------------------------------------- sinusoidal positions
+@pytest.mark.parametrize("seq_len, d_model", [(1, 2), (7, 16), (5, 9), (3, 1)])
+def test_sinusoidal_positions_follow_the_papers_formula(seq_len, d_model):
+    table = sinusoidal_positions(seq_len, d_model)
+    assert table.shape == (seq_len, d_model) and table.dtype == torch.float32
+    expected = torch.empty(seq_len, d_model, dtype=torch.float64)
+    for pos in range(seq_len):
+        for feature in range(d_model):
+            i = feature // 2
+            angle = pos / 10000 ** (2 * i / d_model)
+            expected[pos, feature] = math.sin(angle) if feature % 2 == 0 else math.cos(angle)
+    torch.testing.assert_close(table, expected.float())
+
+
+def test_sinusoidal_positions_match_the_annotated_transformer():
+    """The Annotated Transformer writes the frequencies as exp(-2i log(10000) / d)."""
+    L, D = 50, 32
+    position = torch.arange(L).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, D, 2) * -(math.log(10000.0) / D))
+    expected = torch.zeros(L, D)
+    expected[:, 0::2] = torch.sin(position * div_term)
+    expected[:, 1::2] = torch.cos(position * div_term)
+    torch.testing.assert_close(sinusoidal_positions(L, D), expected, atol=1e-5, rtol=1e-5)
+    assert sinusoidal_positions(L, D)[0].tolist() == [0.0, 1.0] * (D // 2)  # position 0: sin 0, cos 0
+
+
+def test_sinusoidal_positions_on_a_device(device):
+    assert sinusoidal_positions(4, 6, device=device).device.type == device.type
+
+
+@pytest.mark.parametrize("args", [(0, 8), (4, 0), (4.0, 8), (True, 8), (4, -2)])
+def test_sinusoidal_positions_refuse_bad_sizes(args):
+    with pytest.raises(ValueError, match="must be a positive int"):
+        sinusoidal_positions(*args)
+
+
+# ---------------------------------------------------------------- rotary positions
+def reference_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Hugging Face LLaMA's formulation: x * cos + rotate_half(x) * sin, in float64."""
+    d_k = x.size(-1)
+    inv_freq = 1.0 / base ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
+    freqs = positions.double()[:, None] * inv_freq  # (L, d_k/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (L, d_k)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    rotate_half = torch.cat([-x2, x1], dim=-1)
+    return x.double() * emb.cos() + rotate_half * emb.sin()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 1, 1, 2), (4, 6, 16), (7, 64)])
+def test_apply_rotary_matches_hugging_face_llama(shape, dtype, device):
+    x = torch.randn(*shape, dtype=torch.float64).to(device, dtype)
+    positions = torch.randint(0, 1000, (shape[-2],))
+    out = apply_rotary(x, positions.to(device))
+    assert out.shape == x.shape and out.dtype == dtype and out.device == x.device
+    torch.testing.assert_close(out, reference_rotary(x.cpu(), positions).to(device, dtype), **TOLERANCES[dtype])
+    default = apply_rotary(x)  # positions default to arange(L)
+    expected = reference_rotary(x.cpu(), torch.arange(shape[-2])).to(device, dtype)
+    torch.testing.assert_close(default, expected, **TOLERANCES[dtype])
+
+
+def test_apply_rotary_rotates_each_pair_by_position_times_frequency():
+    """d_k = 2 is one pair, rotated by exactly m radians at position m (θ_0 = 1)."""
+    x = torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64)  # (L=4, 2): the unit vector e_0
+    out = apply_rotary(x)
+    m = torch.arange(4, dtype=torch.float64)
+    torch.testing.assert_close(out, torch.stack([m.cos(), m.sin()], dim=-1))
+    # d_k = 4: pairs (0, 2) turn by m, pairs (1, 3) by m / 100 (θ_1 = 10000^(-2/4))
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    y[0, 1] = 1.0
+    out = apply_rotary(y, torch.tensor([3]))
+    torch.testing.assert_close(out, torch.tensor([[0.0, math.cos(0.03), 0.0, math.sin(0.03)]], dtype=torch.float64))
+
+
+def test_apply_rotary_preserves_norms_and_leaves_position_zero_alone():
+    x = torch.randn(2, 4, 9, 16, dtype=torch.float64)
+    out = apply_rotary(x)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1))
+    assert torch.equal(out[..., 0, :], x[..., 0, :])
+    assert not torch.allclose(out[..., 1:, :], x[..., 1:, :])  # every other position moved
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    return apply_rotary(q, q_pos) @ apply_rotary(k, k_pos).transpose(-2, -1)  # (..., Lq, Lk)
+
+
+@pytest.mark.parametrize("shift", [1, 17, 1000])
+def test_shifting_every_position_leaves_the_scores_unchanged(shift):
+    q, k = torch.randn(2, 3, 6, 8, dtype=torch.float64), torch.randn(2, 3, 6, 8, dtype=torch.float64)
+    positions = torch.arange(6)
+    before = scores(q, k, positions, positions)
+    after = scores(q, k, positions + shift, positions + shift)
+    torch.testing.assert_close(after, before)
+    assert not torch.allclose(before, q @ k.transpose(-2, -1))  # the rotation did change them
+
+
+def test_the_score_depends_only_on_the_offset():
+    """The same query at every position against the same key at every position: score[i, j] is a
+    function of i - j alone, so every diagonal of the score matrix is constant."""
+    L = 10
+    q = torch.randn(1, 8, dtype=torch.float64).expand(L, 8)
+    k = torch.randn(1, 8, dtype=torch.float64).expand(L, 8)
+    s = scores(q, k, torch.arange(L), torch.arange(L))  # (L, L)
+    for offset in range(-L + 1, L):
+        diagonal = s.diagonal(offset=-offset)  # entries with i - j = offset
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
+    assert s.diagonal(0).std() < 1e-12 and s.diagonal(-1)[0] != s.diagonal(0)[0]
+
+
+def test_the_offset_checks_can_fail():
+    """Added (absolute) positions do not have the offset property: the test above would catch them."""
+    L, d = 10, 8
+    q = torch.randn(1, d, dtype=torch.float64).expand(L, d) + sinusoidal_positions(L, d).double()
+    k = torch.randn(1, d, dtype=torch.float64).expand(L, d) + sinusoidal_positions(L, d).double()
+    s = q @ k.T
+    assert s.diagonal(0).std() > 1e-3
+    # and rotating by unshifted positions on one side breaks the shift invariance
+    q, k = torch.randn(6, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    p = torch.arange(6)
+    assert not torch.allclose(scores(q, k, p + 5, p), scores(q, k, p, p))
+
+
+def test_interleaved_pairing_is_the_same_rotation_up_to_a_permutation():
+    """RoFormer pairs (2i, 2i+1); we pair (i, i + d_k/2). Permuting the features maps one onto the other."""
+    d_k = 8
+    x = torch.randn(5, d_k, dtype=torch.float64)
+    perm = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])  # 0, 2, 4, 6, 1, 3, 5, 7
+    interleaved = torch.empty_like(x)  # the paper's formula on neighbouring pairs
+    m = torch.arange(5, dtype=torch.float64)[:, None]
+    theta = 10000.0 ** (-torch.arange(d_k // 2, dtype=torch.float64) * 2 / d_k)
+    a, b = x[:, 0::2], x[:, 1::2]
+    interleaved[:, 0::2] = a * (m * theta).cos() - b * (m * theta).sin()
+    interleaved[:, 1::2] = a * (m * theta).sin() + b * (m * theta).cos()
+    # half-split feature i holds interleaved feature 2i, feature i + d_k/2 holds 2i + 1
+    torch.testing.assert_close(apply_rotary(x[:, perm]), interleaved[:, perm])
+    assert not torch.allclose(apply_rotary(x), interleaved)  # but the two conventions differ
+
+
+def test_apply_rotary_base_changes_the_frequencies():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(apply_rotary(x, base=500.0), reference_rotary(x, torch.arange(3), base=500.0))
+    assert not torch.allclose(apply_rotary(x, base=500.0), apply_rotary(x))
+
+
+def test_apply_rotary_refuses_bad_input():
+    with pytest.raises(ValueError, match="even d_k.*d_k=5"):
+        apply_rotary(torch.randn(2, 3, 4, 5))
+    with pytest.raises(ValueError, match=r"\(\.\.\., L, d_k\)"):
+        apply_rotary(torch.randn(4))
+    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\), got \(3,\)"):
+        apply_rotary(torch.randn(1, 4, 8), torch.arange(3))
+    with pytest.raises(TypeError, match="integer tensor"):
+        apply_rotary(torch.randn(4, 8), torch.arange(4.0))
+    with pytest.raises(TypeError, match="integer tensor"):
+        apply_rotary(torch.randn(4, 8), [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="base must be positive"):
+        apply_rotary(torch.randn(4, 8), base=0.0)
+
+
+# ---------------------------------------------------------------- rotary=True in the modules
+def rotary_reference(module, query, key, value, mask=None, rotate_values=False):
+    """Project with the teaching module's weights, rotate q and k per head, attend, combine."""
+    q, k, v = module.W_q(query), module.W_k(key), module.W_v(value)
+    H, H_kv, d_k = module.num_heads, module.num_kv_heads, module.d_k
+    q = q.unflatten(-1, (H, d_k)).transpose(1, 2)  # (B, H, Lq, d_k)
+    k = k.unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    v = v.unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    q, k = reference_rotary(q, torch.arange(q.size(2))), reference_rotary(k, torch.arange(k.size(2)))
+    if rotate_values:
+        v = reference_rotary(v, torch.arange(v.size(2)))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v.double(), attn_mask=mask)
+    return module.W_o(heads.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_rotary_modules_rotate_queries_and_keys_only(kind, num_kv_heads):
+    teaching = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads, rotary=True).double().eval()
+    module = teaching if kind == "teaching" else EfficientMultiHeadAttention.from_module(teaching)
+    assert module.rotary and (module.num_kv_heads == num_kv_heads)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    memory = torch.randn(2, 9, 16, dtype=torch.float64)
+    for query, key, mask in [(x, x, causal_mask(6)), (x, x, None), (x, memory, None)]:
+        expected = rotary_reference(teaching, query, key, key, mask)
+        out, weights = module(query, key, key, mask, return_weights=True)
+        torch.testing.assert_close(module(query, key, key, mask), expected)
+        torch.testing.assert_close(out, expected)
+        assert weights.shape == (2, 4, 6, key.size(1))
+        assert not torch.allclose(out, rotary_reference(teaching, query, key, key, mask, rotate_values=True))
+    plain = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads).double().eval()
+    plain.load_state_dict(teaching.state_dict())
+    assert not plain.rotary and not torch.allclose(plain(x, x, x), teaching(x, x, x))  # the flag changes the function
+
+
+def test_rotary_needs_an_even_head_size():
+    for cls in (MultiHeadAttention, EfficientMultiHeadAttention):
+        with pytest.raises(ValueError, match="rotary=True needs an even head size.*d_k=3"):
+            cls(6, 2, rotary=True)
+        assert cls(6, 2).d_k == 3  # without RoPE an odd d_k is fine
+        assert "rotary=True" in repr(cls(8, 2, rotary=True))
