@@ -28,12 +28,19 @@ from .heads import (
     check_self_attention,
     check_split_heads,
 )
+from .inference import check_cached_attention, check_repeat_kv, check_sliding_window_mask
 from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
+from .positions import check_apply_rotary, check_rotary_attention
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [
     "CheckResult",
+    "check_apply_rotary",
+    "check_cached_attention",
+    "check_repeat_kv",
+    "check_rotary_attention",
+    "check_sliding_window_mask",
     "check_attention_head",
     "check_attention_scores",
     "check_attn_mask_for_torch",
