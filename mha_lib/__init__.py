@@ -9,7 +9,7 @@ Each chapter derives a piece and the next chapters import it from here:
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 06)
 - :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 07)
 - :func:`sinusoidal_positions`, :func:`apply_rotary` (chapter 08, positions inside attention)
-- :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 09, attention at inference)
+- :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 09, attention at inference)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "EncoderLayer": "encoder",
     "combine_heads": "heads",
     "split_heads": "heads",
+    "KVCache": "inference",
+    "kv_cache_bytes": "inference",
     "repeat_kv": "inference",
     "causal_mask": "masks",
     "padding_mask": "masks",
@@ -55,11 +57,13 @@ __all__ = [
     "AttentionHead",
     "EfficientMultiHeadAttention",
     "EncoderLayer",
+    "KVCache",
     "MultiHeadAttention",
     "apply_rotary",
     "causal_mask",
     "combine_heads",
     "get_device",
+    "kv_cache_bytes",
     "padding_mask",
     "plot_attention",
     "repeat_kv",
@@ -78,6 +82,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time, __getattr__ (_load) lo
     from .encoder import EncoderLayer as EncoderLayer
     from .heads import combine_heads as combine_heads
     from .heads import split_heads as split_heads
+    from .inference import KVCache as KVCache
+    from .inference import kv_cache_bytes as kv_cache_bytes
     from .inference import repeat_kv as repeat_kv
     from .masks import causal_mask as causal_mask
     from .masks import padding_mask as padding_mask

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .attention import check_mask, scaled_dot_product_attention
 from .heads import combine_heads, split_heads
-from .inference import check_num_kv_heads, repeat_kv
+from .inference import KVCache, cached_mask, check_cache, check_num_kv_heads, repeat_kv
 from .multi_head import MultiHeadAttention, check_qkv
 from .positions import apply_rotary, check_rotary
 
@@ -135,6 +135,7 @@ class EfficientMultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         return_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``; the contract of :class:`MultiHeadAttention`.
 
@@ -147,19 +148,25 @@ class EfficientMultiHeadAttention(nn.Module):
                 may attend, or float added to the scores.
             return_weights: also return the ``(B, H, Lq, Lk)`` attention weights
                 (computed by the explicit path, which stores them).
+            cache: a :class:`~mha_lib.KVCache` for decoding, as in :class:`MultiHeadAttention`.
 
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)``.
         """
         check_qkv(query, key, value, self.d_model)  # the same checks as the teaching module
+        past = check_cache(cache, query, key, value)  # T, the positions already cached (0 without a cache)
 
         # 1) project: one matmul for self-attention; then 2) split into heads (views, no copies)
         q, k, v = self._project(query, key, value)  # (B, Lq, D), (B, Lk, H_kv·d_k) x 2
         q = split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(k, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(v, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
-            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions T, T + 1, ..., never the values
+            q = apply_rotary(q, torch.arange(past, past + q.size(2), device=q.device))  # (B, H, Lq, d_k)
+            k = apply_rotary(k, torch.arange(past, past + k.size(2), device=k.device))  # (B, H_kv, Lk, d_k)
+        if cache is not None:  # decoding: attend to every cached position, causally within the chunk
+            mask = cached_mask(mask, (*q.shape[:-1], past + k.size(2)), q.device)  # (n, T + n) or None
+            k, v = cache.update(k, v)  # (B, H_kv, T + n, d_k)
 
         # 3) attend: the fused kernel, or the explicit path when the weights must exist to be returned
         dropout_p = self.dropout if self.training else 0.0

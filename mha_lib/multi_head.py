@@ -8,11 +8,12 @@ values have the same size here, ``d_k = d_model // num_heads``.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
-from .inference import check_num_kv_heads, repeat_kv
+from .inference import KVCache, cached_mask, check_cache, check_num_kv_heads, repeat_kv
 from .positions import apply_rotary, check_rotary
 
 __all__ = ["MultiHeadAttention", "check_qkv"]
@@ -93,6 +94,7 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         return_weights: bool = False,
+        cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -107,19 +109,30 @@ class MultiHeadAttention(nn.Module):
                 ``(H, Lq, Lk)`` per head, ``(B, 1, 1, Lk)`` per sequence (as
                 :func:`~mha_lib.padding_mask` returns).
             return_weights: also return the attention weights.
+            cache: a :class:`~mha_lib.KVCache` for decoding (self-attention only). The ``n``
+                new tokens' keys and values are appended to the ``T`` cached ones, the new
+                queries attend to all ``T + n`` positions and causally among themselves (``mask``,
+                if given, must broadcast to ``(B, H, n, T + n)`` and is combined with that), and
+                RoPE positions continue at ``T``. Token by token or in chunks, this equals the
+                full forward with :func:`~mha_lib.causal_mask`.
 
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)`` with weights
-            ``(B, H, Lq, Lk)`` when ``return_weights`` is True.
+            ``(B, H, Lq, Lk)`` (``Lk = T + n`` with a cache) when ``return_weights`` is True.
         """
         check_qkv(query, key, value, self.d_model)
+        past = check_cache(cache, query, key, value)  # T, the positions already cached (0 without a cache)
 
         # 1) project, then 2) split the d_model features into H heads of d_k
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        if self.rotary:  # RoPE: rotate queries and keys by their positions, never the values
-            q, k = apply_rotary(q), apply_rotary(k)  # (B, H, Lq, d_k), (B, H_kv, Lk, d_k)
+        if self.rotary:  # RoPE: rotate queries and keys by their positions T, T + 1, ..., never the values
+            q = apply_rotary(q, torch.arange(past, past + q.size(2), device=q.device))  # (B, H, Lq, d_k)
+            k = apply_rotary(k, torch.arange(past, past + k.size(2), device=k.device))  # (B, H_kv, Lk, d_k)
+        if cache is not None:  # decoding: attend to every cached position, causally within the chunk
+            mask = cached_mask(mask, (*q.shape[:-1], past + k.size(2)), q.device)  # (n, T + n) or None
+            k, v = cache.update(k, v)  # (B, H_kv, T + n, d_k)
 
         # 3) every head attends on its own, in one batched call; a group of
         #    H // H_kv query heads shares each key/value head

@@ -1,0 +1,175 @@
+"""Decoding with a KVCache equals recomputing everything with a causal mask."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import TOLERANCES
+from mha_lib import (EfficientMultiHeadAttention, KVCache, MultiHeadAttention, apply_rotary, causal_mask,
+                     sliding_window_mask, split_heads)
+from mha_lib.inference import cached_mask
+
+D, H, L = 32, 4, 10
+SCHEDULES = {  # chunk sizes that add up to L
+    "token_by_token": [1] * L,
+    "3_1_4_2": [3, 1, 4, 2],
+    "prompt_then_tokens": [6, 1, 1, 1, 1],
+    "all_at_once": [L],
+}
+
+
+def make(kind, num_kv_heads, rotary, dtype=torch.float32, device="cpu"):
+    torch.manual_seed(2)
+    teaching = MultiHeadAttention(D, H, num_kv_heads=num_kv_heads, rotary=rotary).to(device, dtype).eval()
+    return teaching if kind == "teaching" else EfficientMultiHeadAttention.from_module(teaching)
+
+
+def decode(module, x, sizes, cache=None, masks=None, return_weights=False):
+    """Feed x chunk by chunk through one cache; return the outputs side by side (and the weights)."""
+    cache = KVCache() if cache is None else cache
+    outputs, weights, start = [], [], 0
+    for i, n in enumerate(sizes):
+        chunk = x[:, start : start + n]
+        mask = None if masks is None else masks[i]
+        out = module(chunk, chunk, chunk, mask, return_weights=return_weights, cache=cache)
+        if return_weights:
+            out, w = out
+            weights.append(w)
+        outputs.append(out)
+        start += n
+    return (torch.cat(outputs, dim=1), weights) if return_weights else torch.cat(outputs, dim=1)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=str)
+@pytest.mark.parametrize("rotary", [False, True], ids=["no_rope", "rope"])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_decoding_with_a_cache_equals_the_full_causal_forward(kind, num_kv_heads, rotary, schedule, device):
+    module = make(kind, num_kv_heads, rotary, device=device)
+    x = torch.randn(2, L, D, device=device)
+    expected = module(x, x, x, causal_mask(L, device=device))  # (B, L, D)
+    cache = KVCache()
+    with torch.no_grad():
+        decoded = decode(module, x, SCHEDULES[schedule], cache)
+    torch.testing.assert_close(decoded, expected, **TOLERANCES[torch.float32])
+    assert len(cache) == L and cache.keys.shape == cache.values.shape == (2, num_kv_heads, L, D // H)
+
+
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_the_weights_are_the_rows_of_the_full_weights(kind):
+    module = make(kind, 2, True, torch.float64)
+    x = torch.randn(1, L, D, dtype=torch.float64)
+    _, full = module(x, x, x, causal_mask(L), return_weights=True)  # (1, H, L, L)
+    _, chunks = decode(module, x, [3, 1, 4, 2], return_weights=True)
+    start = 0
+    for w, n in zip(chunks, [3, 1, 4, 2]):
+        assert w.shape == (1, H, n, start + n)  # the new queries over every position so far
+        torch.testing.assert_close(w, full[:, :, start : start + n, : start + n])
+        start += n
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_the_cache_holds_the_keys_after_projection_and_rope(rotary):
+    module = make("teaching", 2, rotary, torch.float64)
+    x = torch.randn(2, L, D, dtype=torch.float64)
+    cache = KVCache()
+    decode(module, x, [4, 3, 3], cache)
+    keys = split_heads(module.W_k(x), 2)  # (B, H_kv, L, d_k)
+    if rotary:
+        keys = apply_rotary(keys)
+    torch.testing.assert_close(cache.keys, keys)
+    torch.testing.assert_close(cache.values, split_heads(module.W_v(x), 2))
+
+
+def test_the_comparison_catches_the_usual_mistakes():
+    """Each mistake the chapter's exercise names gives a different answer from the full forward."""
+    module = make("teaching", 2, True, torch.float64)
+    x = torch.randn(1, L, D, dtype=torch.float64)
+    expected = module(x, x, x, causal_mask(L))
+    torch.testing.assert_close(decode(module, x, [1] * L), expected)  # the right way
+    # no cache at all: every token sees only itself; positions restart at 0 every step
+    forgetful = torch.cat([module(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1]) for i in range(L)], dim=1)
+    assert not torch.allclose(forgetful, expected)
+    # a fresh cache per chunk: each chunk forgets the past
+    amnesic = torch.cat([decode(module, x[:, s : s + n], [n]) for s, n in [(0, 4), (4, 3), (7, 3)]], dim=1)
+    assert not torch.allclose(amnesic, expected)
+    # a chunk attended without causality: its first tokens see its later ones
+    x1, x2 = x[:, :4], x[:, 4:]
+    assert not torch.allclose(module(x1, x1, x1), expected[:, :4])
+    # with a cache the module adds the causality itself: even an all-True mask stays causal
+    cache = KVCache()
+    first = module(x1, x1, x1, cache=cache)
+    rest = module(x2, x2, x2, torch.ones(L - 4, L, dtype=torch.bool), cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), expected)
+
+
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_a_sliding_window_mask_combines_with_the_cache(kind):
+    """The decoder passes the last n rows of the window mask over T + n positions."""
+    module = make(kind, 2, True, torch.float64)
+    x = torch.randn(2, L, D, dtype=torch.float64)
+    window = 3
+    expected = module(x, x, x, sliding_window_mask(L, window))
+    sizes, ends = [3, 1, 4, 2], list(itertools.accumulate([3, 1, 4, 2]))
+    masks = [sliding_window_mask(end, window)[-n:] for n, end in zip(sizes, ends)]  # (n, T + n)
+    torch.testing.assert_close(decode(module, x, sizes, masks=masks), expected)
+    float_masks = [torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf")) for m in masks]
+    torch.testing.assert_close(decode(module, x, sizes, masks=float_masks), expected)
+
+
+def test_cached_mask():
+    assert cached_mask(None, torch.Size([2, 4, 1, 7])) is None  # one new token sees everything
+    assert cached_mask(None, torch.Size([2, 4, 3, 5])).int().tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+    ]
+    mask = torch.tensor([True, False, True, True, True])  # (Lk,): key 1 is padding
+    combined = cached_mask(mask, torch.Size([1, 1, 2, 5]))
+    assert combined.int().tolist() == [[1, 0, 1, 1, 0], [1, 0, 1, 1, 1]]
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast"):
+        cached_mask(torch.ones(3, 4, dtype=torch.bool), torch.Size([1, 1, 3, 5]))
+
+
+def test_nbytes_and_length_are_exact():
+    """The book's configuration: d_model 512, 8 heads of 64, float32: 2 · 8 · 64 · 4 bytes per token."""
+    mha = MultiHeadAttention(512, 8).eval()
+    gqa = MultiHeadAttention(512, 8, num_kv_heads=2).eval()
+    x = torch.randn(1, 16, 512)
+    caches = {}
+    with torch.no_grad():
+        for name, module in (("mha", mha), ("gqa", gqa)):
+            caches[name] = KVCache()
+            assert caches[name].nbytes == 0 and len(caches[name]) == 0
+            decode(module, x, [5, 1, 10], caches[name])
+    assert len(caches["mha"]) == len(caches["gqa"]) == 16
+    assert caches["mha"].nbytes == 2 * 1 * 8 * 16 * 64 * 4 == 65536
+    assert caches["gqa"].nbytes * 4 == caches["mha"].nbytes  # 2 key/value heads of 8: a quarter
+    bf16 = KVCache()
+    bf16.update(torch.zeros(3, 2, 7, 64, dtype=torch.bfloat16), torch.zeros(3, 2, 7, 64, dtype=torch.bfloat16))
+    assert bf16.nbytes == 2 * 3 * 2 * 7 * 64 * 2 and len(bf16) == 7
+    assert repr(bf16) == "KVCache(len=7, keys=(3, 2, 7, 64), nbytes=10752)"
+    bf16.reset()
+    assert len(bf16) == 0 and bf16.nbytes == 0 and bf16.keys is None
+
+
+def test_misuse_is_refused_clearly():
+    module = MultiHeadAttention(D, H, num_kv_heads=2)
+    x, memory = torch.randn(2, 3, D), torch.randn(2, 5, D)
+    with pytest.raises(ValueError, match="KVCache works for self-attention only"):
+        module(x, memory, memory, cache=KVCache())
+    with pytest.raises(TypeError, match="cache must be a mha_lib.KVCache, got dict"):
+        module(x, x, x, cache={})
+    cache = KVCache()
+    module(x, x, x, cache=cache)
+    other = torch.randn(3, 1, D)  # another batch size
+    with pytest.raises(ValueError, match=r"holds \(B, H_kv, d_k, dtype, device\) = \(2, 2, 8, .*reset\(\)"):
+        module(other, other, other, cache=cache)
+    with pytest.raises(ValueError, match="one shape"):
+        cache.update(torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 2, 8))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) does not broadcast.*\(2, 4, 3, 6\)"):
+        module(x, x, x, causal_mask(3), cache=cache)  # the mask must cover the cached keys too
+    assert len(cache) == 3
