@@ -50,7 +50,7 @@
 import matplotlib.pyplot as plt
 import torch
 
-from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything
+from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything, sliding_window_mask
 
 device = get_device()
 seed_everything(0)
@@ -67,7 +67,9 @@ print("Running on:", device.type)
 #
 # - **Local (sliding-window) attention**: query `i` may attend to the keys within `w` positions,
 #   `|i - j| <= w`. Longformer uses a window on both sides; Mistral 7B a causal one (only
-#   `i - w <= j <= i`), of 4096 tokens.
+#   `i - w <= j <= i`), of 4096 tokens. Here `w` counts the keys on each side of the query;
+#   chapter 09's `mha_lib.sliding_window_mask(L, window)` counts every key a query sees, itself
+#   included, so the causal window `w` below is `sliding_window_mask(L, w + 1)`.
 # - **Global tokens** (Longformer): a few chosen positions, such as a classification token, see
 #   every token and are seen by every token, so that the whole input can meet in one place.
 # - **Block-local attention**: the sequence is cut into blocks and each query sees its own block.
@@ -112,6 +114,7 @@ patterns = {
     "blocks of 4 + global 0": with_global(block_local(L, 4), [0]),
     "strided, every 4th": strided(L, 4),
 }
+assert torch.equal(patterns["causal window, w = 3"], sliding_window_mask(L, 4))  # chapter 09's, 4 keys per query
 for name, mask in patterns.items():
     print(f"{name:26} {tuple(mask.shape)}  keys per query: {mask.sum(1).min().item():2d} to "
           f"{mask.sum(1).max().item():2d}  ({mask.float().mean().item():4.0%} of the L x L scores)")
