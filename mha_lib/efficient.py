@@ -11,6 +11,10 @@ with two optimisations:
    picks a flash / memory-efficient kernel where the device has one, and never
    stores the ``(B, H, Lq, Lk)`` weights. ``return_weights=True`` falls back to
    the explicit :func:`~mha_lib.scaled_dot_product_attention`, which must store them.
+
+It takes the teaching module's options too: grouped key/value heads (``num_kv_heads``, which
+the kernel reads without copies through ``enable_gqa``), RoPE (``rotary``) and a
+:class:`~mha_lib.KVCache` for decoding.
 """
 
 from __future__ import annotations
@@ -32,35 +36,42 @@ __all__ = ["EfficientMultiHeadAttention"]
 SDPA_HAS_GQA = torch.__version__ >= "2.5"
 
 
+def kernel_mask(
+    mask: Tensor | None, scores_shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[Tensor | None, Tensor | None]:
+    """mha_lib's mask as the fused kernel takes it, and the rows where a query may attend to no key.
+
+    A query that may attend to no key must get a zero output, as in mha_lib. The fused kernels'
+    online softmax can turn such a row into NaN on some devices (pytorch/pytorch#110213), so the
+    row is unblocked for the kernel and zeroed after. Returns ``(mask, blocked)``, ``blocked``
+    broadcastable to ``(B, H, Lq, 1)`` (None without a mask).
+    """
+    if mask is None:
+        return None, None
+    check_mask(mask, torch.Size(scores_shape))  # (B, H, Lq, Lk)
+    if mask.dim() < 2:  # SDPA wants (..., Lq, Lk); a (Lk,) mask applies to every query
+        mask = mask.reshape(1, -1)
+    if mask.dtype == torch.bool:
+        blocked = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
+        return mask | blocked, blocked
+    mask = mask.to(dtype)
+    blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., Lq, 1)
+    return mask.masked_fill(blocked, 0.0), blocked
+
+
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
-    """``F.scaled_dot_product_attention`` with mha_lib's masks, grouped heads and fully-masked-row rule.
+    """One call of ``F.scaled_dot_product_attention``, with mha_lib's masks and grouped heads.
 
     q ``(B, H, Lq, d_k)``, k and v ``(B, H_kv, Lk, d_k)`` with ``H_kv`` dividing ``H``;
     returns ``(B, H, Lq, d_k)``.
     """
     n_rep = q.size(1) // k.size(1)
-    gqa = {}
-    if n_rep > 1 and SDPA_HAS_GQA:
-        gqa = {"enable_gqa": True}
-    elif n_rep > 1:  # an older PyTorch: copy each key/value head to its group
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Lk, d_k)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **gqa)
-    check_mask(mask, q.shape[:-1] + k.shape[-2:-1])  # (B, H, Lq, Lk)
-    if mask.dim() < 2:  # SDPA wants (..., Lq, Lk); a (Lk,) mask applies to every query
-        mask = mask.reshape(1, -1)
-    # A query that may attend to no key must get a zero output, as in mha_lib. The
-    # fused kernels' online softmax can turn such a row into NaN on some devices
-    # (pytorch/pytorch#110213), so unblock the row for the kernel and zero it after.
-    if mask.dtype == torch.bool:
-        blocked = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
-        mask = mask | blocked
-    else:
-        mask = mask.to(q.dtype)
-        blocked = torch.isneginf(mask).all(dim=-1, keepdim=True)  # (..., Lq, 1)
-        mask = mask.masked_fill(blocked, 0.0)
+    if n_rep > 1 and not SDPA_HAS_GQA:  # an older PyTorch: copy each key/value head to its group
+        k, v, n_rep = repeat_kv(k, n_rep), repeat_kv(v, n_rep), 1  # (B, H, Lk, d_k)
+    gqa = {"enable_gqa": True} if n_rep > 1 else {}  # the kernel reads each key/value head for its group
+    mask, blocked = kernel_mask(mask, (*q.shape[:-1], k.size(2)), q.dtype)
     heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, **gqa)
-    return heads.masked_fill(blocked, 0.0)  # (B, H, Lq, d_k)
+    return heads if blocked is None else heads.masked_fill(blocked, 0.0)  # (B, H, Lq, d_k)
 
 
 class EfficientMultiHeadAttention(nn.Module):
@@ -203,5 +214,6 @@ class EfficientMultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")
+        grouped = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        rotary = ", rotary=True" if self.rotary else ""  # the defaults stay unsaid, as before
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{grouped}, d_k={self.d_k}, dropout={self.dropout}{rotary}"

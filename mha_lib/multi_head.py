@@ -146,5 +146,6 @@ class MultiHeadAttention(nn.Module):
         return (output, weights) if return_weights else output
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"d_k={self.d_k}, dropout={self.dropout}, rotary={self.rotary}")
+        grouped = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        rotary = ", rotary=True" if self.rotary else ""  # the defaults stay unsaid, as before
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{grouped}, d_k={self.d_k}, dropout={self.dropout}{rotary}"
