@@ -207,7 +207,8 @@ for i, j in [(3, 1), (10, 8), (52, 50)]:
 
 # %% [markdown]
 # A head's `d_k` features are cut into `d_k / 2` such pairs, and pair `i` turns with its own
-# frequency $\theta_i = 10000^{-2i/d_k}$, exactly the frequencies of the sinusoidal table. Which
+# frequency $\theta_i = 10000^{-2i/d_k}$, the formula of the sinusoidal table with `d_k` in place
+# of `d_model`. Which
 # features form a pair is a convention. The course uses the **half-split** one: pair `i` is
 # features `i` and `i + d_k/2`, as in GPT-NeoX and Hugging Face's LLaMA and Mistral code, the
 # code you are most likely to read. (RoFormer's paper pairs neighbours, `2i` and `2i + 1`; more
@@ -260,8 +261,8 @@ print("first row (query at 0, keys at 0..5):", S[0, :6].cpu())
 
 # %% [markdown]
 # The stronger statement: shift **every** position by the same amount, for queries and keys
-# with different vectors at each position, and no score changes. The model cannot tell where in
-# a long text a passage sits, only how its tokens lie relative to each other.
+# with different vectors at each position, and no score changes. Through its scores, a rotary
+# layer sees how the tokens lie relative to each other, not where in a long text they sit.
 
 # %%
 q64, k64 = q.double(), torch.randn(B, H, L, d_k, dtype=torch.float64).to(device)  # float64: large angles stay exact

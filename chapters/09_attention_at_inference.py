@@ -148,10 +148,10 @@ for rotary in (False, True):
 # %% [markdown]
 # How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
 # (`d_model = 512`, 8 heads, batch 1) and checks that they agree. The notebook decodes 64 tokens
-# to stay quick. `python -m mha_lib.decode_bench` decodes 256 and reports the fastest of three
-# runs; on the course's 2-core CPU machine it measured the cache **6.8× faster** (4.6 s against
-# 31 s, on a busy machine). The longer the text, the larger the gap: recomputing grows like `L²`
-# in projections, the cache like `L`.
+# to stay quick. `python -m mha_lib.decode_bench --threads 1` decodes 256 and reports the fastest
+# of three runs; on the course's 2-core CPU machine it measured 4.3 s recomputing and 0.34 s with
+# the cache, **12.5× faster**. The longer the text, the larger the gap: recomputing grows like
+# `L²` in projections, the cache like `L`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -200,8 +200,8 @@ print(f"the weights, 7e9 × 2 bytes:    {7e9 * 2:>15,.0f} bytes = {7e9 * 2 / 2**
 # The cache grows with the number of **key/value** heads. Shazeer's **multi-query attention**
 # (MQA) keeps all the query heads but gives them one key head and one value head to share;
 # Ainslie et al.'s **grouped-query attention** (GQA) sits in between: the `H` query heads form
-# `H_kv` groups, and each group shares one key/value head. LLaMA-2-70B and Mistral 7B use 8
-# key/value heads for 32 query heads. Each query head still draws its own attention map;
+# `H_kv` groups, and each group shares one key/value head. Mistral 7B has 8 key/value heads for
+# its 32 query heads, LLaMA-2-70B 8 for 64. Each query head still draws its own attention map;
 # only the keys and values it reads are shared.
 #
 # In `mha_lib`, `num_kv_heads` sets `H_kv`; `W_k` and `W_v` then produce `H_kv · d_k` features
@@ -280,9 +280,9 @@ assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measure
 #
 # GQA divides the cache by a constant; it still grows with every token. The other answer limits
 # how far back a token may look. In **sliding-window attention** the query at position `i` sees
-# only the last `window` keys, `i - window + 1 .. i` (Longformer's local attention, made causal
-# by Mistral 7B with a window of 4096). `mha_lib.sliding_window_mask(L, window)` is True exactly
-# where `0 <= i - j < window`:
+# only the last `window` keys, `i - window + 1 .. i`: the local attention of Longformer, in the
+# causal form Mistral 7B uses with a window of 4096 tokens. `mha_lib.sliding_window_mask(L,
+# window)` is True exactly where `0 <= i - j < window`:
 
 # %%
 L_plot, window = 10, 4
@@ -332,7 +332,7 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 #
 # For Mistral 7B (32 layers, 8 key/value heads of 128, float16) the two answers combine: GQA makes
 # a token cost 128 KiB, and the window of 4096 caps the cache at 4096 of them, 512 MiB per
-# sequence, whether the text is 4 000 tokens long or 32 000 (8 times less than a 32 000-token
+# sequence, whether the text is 4096 tokens long or 32 768 (8 times less than a 32 768-token
 # cache). A window does not blind the model to everything before it: in layer 2, a token sees
 # tokens that saw the `window` before them, and so on up the stack. How far that reaches, and the
 # other ways of restricting where a head may look, are the subject of chapter 10.
