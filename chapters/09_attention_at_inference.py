@@ -147,7 +147,7 @@ for rotary in (False, True):
 
 # %% [markdown]
 # How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
-# (`d_model = 512`, 8 heads, batch 1) and checks that they agree. The notebook decodes 64 tokens
+# (`d_model = 512`, 8 heads, batch 1) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.decode_bench --threads 1` decodes 256 and reports the fastest
 # of three runs; on the course's 2-core CPU machine it measured 4.3 s recomputing and 0.34 s with
 # the cache, **12.5× faster**. The longer the text, the larger the gap: recomputing grows like
@@ -156,7 +156,7 @@ for rotary in (False, True):
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (timings vary from run to run and machine to machine; the asserts hold everywhere)
-result = decode_bench.decode_benchmark(tokens=64, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
+result = decode_bench.decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
 print(decode_bench.format_result(result))
 assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
 
@@ -166,18 +166,18 @@ assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
 # The cache holds two tensors per layer, keys and values, each `(B, H_kv, T, d_k)`: every
 # position, every key/value head, every feature. Per token and per layer that is
 # `2 · H_kv · d_k` numbers. For the book's configuration (`d_model = 512`, 8 heads of 64) in
-# float32: `2 · 8 · 64 · 4 = 4096` bytes, 4 KiB per token per layer. Measured after 32 tokens:
+# float32: `2 · 8 · 64 · 4 = 4096` bytes, 4 KiB per token per layer. Measured after 16 tokens:
 
 # %%
 book = MultiHeadAttention(512, 8).to(device).eval()
-tokens = torch.randn(1, 32, 512).to(device)
+tokens = torch.randn(1, 16, 512).to(device)
 cache = KVCache()
 with torch.no_grad():
-    for t in range(32):
+    for t in range(16):
         decode_step(book, tokens[:, t : t + 1], cache)
 print(f"measured: {cache.nbytes:,} bytes for {len(cache)} tokens = {cache.nbytes // len(cache):,} bytes per token")
-assert cache.nbytes == kv_cache_bytes(num_layers=1, num_kv_heads=8, d_k=64, seq_len=32, bytes_per_element=4)
-print("== 2 · 8 heads · 64 · 4 bytes · 32 tokens, the arithmetic")
+assert cache.nbytes == kv_cache_bytes(num_layers=1, num_kv_heads=8, d_k=64, seq_len=16, bytes_per_element=4)
+print("== 2 · 8 heads · 64 · 4 bytes · 16 tokens, the arithmetic")
 
 # %% [markdown]
 # A small layer, a small cache. Now a 7B-class model, LLaMA-2-7B's shape: 32 layers, 32 heads of
@@ -250,19 +250,19 @@ print("weights:", tuple(w_gqa.shape), " (B, H, Lq, Lk): still one map per query 
 
 # %% [markdown]
 # The memory saving is exactly `H_kv / H`. For the 7B-class model of section 3, and measured on
-# the book's layer after 32 tokens (each decoded with a cache and checked against the full
+# the book's layer after 16 tokens (each decoded with a cache and checked against the full
 # causal forward):
 
 # %%
-print(f"{'':5} {'H_kv':>4} {'7B-class: bytes per token':>26} {'4096 tokens':>12} {'book layer, 32 tokens (measured)':>33}")
+print(f"{'':5} {'H_kv':>4} {'7B-class: bytes per token':>26} {'4096 tokens':>12} {'book layer, 16 tokens (measured)':>33}")
 measured = {}
 for kind, kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     book_kv = {32: 8, 8: 2, 1: 1}[kv]  # the book's layer has 8 query heads: MHA 8, GQA 2, MQA 1
     layer = MultiHeadAttention(512, 8, num_kv_heads=book_kv).to(device).eval()
     cache = KVCache()
     with torch.no_grad():
-        steps = [decode_step(layer, tokens[:, t : t + 1], cache) for t in range(32)]
-        assert torch.allclose(torch.cat(steps, 1), layer(tokens, tokens, tokens, mask=causal_mask(32, device=device)),
+        steps = [decode_step(layer, tokens[:, t : t + 1], cache) for t in range(16)]
+        assert torch.allclose(torch.cat(steps, 1), layer(tokens, tokens, tokens, mask=causal_mask(16, device=device)),
                               atol=1e-4)
     measured[kind] = cache.nbytes
     per = kv_cache_bytes(num_layers=32, num_kv_heads=kv, d_k=128, seq_len=1)
