@@ -342,7 +342,7 @@ torch.testing.assert_close(weights, ref_weights)
 print("causal + padding: outputs and per-head weights agree")
 
 # %% [markdown]
-# **A different mask per head** (chapter 08 restricts head 0 to the first half of the
+# **A different mask per head** (chapter 10 restricts head 0 to the first half of the
 # sequence and head 1 to the second): ours is `(H, Lq, Lk)` and broadcasts over the batch.
 # PyTorch wants a 3-D `attn_mask` of shape `(B·H, Lq, Lk)`, **batch-major**: entry
 # `b·H + h` is the mask of sequence `b`, head `h`. `expand` then `reshape` builds exactly that;

@@ -274,7 +274,7 @@ for row in tokens:
 # that is the row to watch.
 #
 # The model also accepts an extra mask (`forward(tokens, mask=...)`, combined with the padding
-# mask), e.g. a per-head `(H, L, L)` mask; chapter 08 uses it to restrict the heads.
+# mask), e.g. a per-head `(H, L, L)` mask; chapter 10 uses it to restrict the heads.
 
 # %%
 seed_everything(0)  # seed, then build: the starting weights come from the seed (the seed study does the same)
@@ -787,7 +787,7 @@ for name in FINDINGS:
     assert counts == applicable  # each held in every run it applies to
 
 # %% [markdown]
-# (The chapter 06 findings apply to the runs that learned; the last one belongs to chapter 08.)
+# (The chapter 06 findings apply to the runs that learned; the last one belongs to chapter 10.)
 #
 # - **Robust**, in every run that learned, on every kernel path: a negation head (which head is
 #   chance); the other head brings the sentiment word to `<cls>` in negated sentences; silencing

@@ -635,7 +635,10 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 #
 # ## What comes next
 #
-# **Chapter 08**, the course's last, takes up the challenge at the end of Priyesh Dave's post:
-# restrict head 0 to the first half of the sequence and head 1 to the second half. It needs a
-# mask per head, of shape `(H, L, L)`, which the teaching module and the efficient one both
-# accept.
+# **Chapter 08** comes back to what chapter 02 left open: attention alone cannot see word order.
+# It adds positions to the embeddings, then builds the rotary positions (RoPE) that today's
+# language models apply to each head's queries and keys. **Chapter 09** runs attention the way a
+# language model generates text, one token at a time, with a cache of keys and values, and shows
+# how fewer key/value heads and sliding windows keep that cache small. **Chapter 10**, the
+# course's last, takes up the challenge at the end of Priyesh Dave's post: restrict head 0 to the
+# first half of the sequence and head 1 to the second half.

@@ -582,7 +582,7 @@ def test_every_check_survives_garbage(check):
         assert result.status in ("failed", "error") and "bug in mha_lib.checks" not in str(result), result
 
 
-# ------------------------------------------------------------------ chapter 08
+# ------------------------------------------------------------------ chapter 10
 
 
 def halves_right(L):

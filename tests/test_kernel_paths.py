@@ -2,7 +2,7 @@
 
 A training run's numbers differ in the last digits between CPUs (PyTorch picks AVX-512, AVX2
 or plain C++ kernels for the machine), and a short training run amplifies that. Chapters 06
-and 08, their exercises and solutions never let nbval compare such numbers verbatim. This
+and 10, their exercises and solutions never let nbval compare such numbers verbatim. This
 test proves it: it runs them under strict nbval with ``ATEN_CPU_CAPABILITY=default``, the plain
 C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
 breaks bfloat16 matrix products, which that chapter uses.)
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = [f"{folder}/{name}.ipynb" for folder in ("chapters", "solutions", "exercises")
-             for name in ("06_heads_at_work", "08_restricting_heads")]
+             for name in ("06_heads_at_work", "10_restricting_heads")]
 
 
 def test_training_notebooks_pass_strict_nbval_on_the_default_kernels():

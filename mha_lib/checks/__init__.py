@@ -17,7 +17,7 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``_reference`` (the one reference implementation), then one
 module per topic: ``attention``, ``masks``, ``heads``, ``modules``, ``pytorch``,
-``layers``, ``restrict``.
+``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 08 and 09).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
@@ -26,7 +26,9 @@ from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention
+from .inference import check_cached_attention, check_repeat_kv, check_sliding_window_mask
 from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
+from .positions import check_apply_rotary, check_rotary_attention
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .restrict import check_halves_mask, check_restricted_attention
 
@@ -34,6 +36,11 @@ __all__ = [
     "CHECK_RAISE",
     "CheckFailed",
     "CheckResult",
+    "check_apply_rotary",
+    "check_cached_attention",
+    "check_repeat_kv",
+    "check_rotary_attention",
+    "check_sliding_window_mask",
     "check_attention_head",
     "check_attention_scores",
     "check_attn_mask_for_torch",

@@ -1,4 +1,4 @@
-"""``python -m mha_lib.sentiment study``: train chapter 06's and chapter 08's models from many
+"""``python -m mha_lib.sentiment study``: train chapter 06's and chapter 10's models from many
 seeds, on several CPU kernel paths, and write what the chapters measure to a JSON file.
 
     python -m mha_lib.sentiment study                          # seeds 0-29, every kernel path
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .study import PARTS
 
     parser = argparse.ArgumentParser(prog="python -m mha_lib.sentiment",
-                                     description="The seed study behind chapters 06 and 08.")
+                                     description="The seed study behind chapters 06 and 10.")
     commands = parser.add_subparsers(dest="command", required=True)
     study = commands.add_parser("study", help="train and measure many seeds on several kernel paths",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU kernel paths, comma-separated: native (what PyTorch picks), avx512, avx2, default "
                             "(plain C++); paths this CPU lacks or that repeat another are skipped (default: all)")
     study.add_argument("--parts", type=parse_list(PARTS), default=list(PARTS),
-                       help="heads (chapter 06), halves (chapter 08); default: both")
+                       help="heads (chapter 06), halves (chapter 10); default: both")
     study.add_argument("--output", type=Path, default=Path("sentiment_study.json"),
                        help="the JSON file to write (default: sentiment_study.json here)")
     study.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the models train")

@@ -7,7 +7,7 @@ of sentences the chapters measure them on.
   :func:`feed_forward_off` switches the feed-forward sublayers off.
 - :func:`four_groups`: plain or negated, with a positive or a negative sentiment word
   (chapter 06); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
-  sentiment word in the same or in different halves of the sentence (chapter 08).
+  sentiment word in the same or in different halves of the sentence (chapter 10).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def halves_group(example: Example) -> str:
 
 
 def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
-    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 08)."""
+    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 10)."""
     groups: dict[str, list[int]] = {name: [] for name in HALVES_GROUPS}
     for i, e in enumerate(examples):
         groups[halves_group(e)].append(i)
@@ -143,7 +143,7 @@ def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
 
 
 def halves_for_batch(tokens: Tensor, pad_id: int = Vocab.pad_id) -> Tensor:
-    """Chapter 08's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
+    """Chapter 10's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
 
     With ``n`` real tokens in a row (``<cls>`` included), head 0 may attend to the
     positions ``[0, n // 2)`` and head 1 to ``[n // 2, L)``, for every query; the

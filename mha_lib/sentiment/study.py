@@ -1,4 +1,4 @@
-"""The seed study: chapter 06's and chapter 08's models trained from many seeds, on several
+"""The seed study: chapter 06's and chapter 10's models trained from many seeds, on several
 CPU kernel paths, and measured the same way as in the chapters.
 
 One trained model is one sample: another seed, or the same seed on another CPU, gives
@@ -14,7 +14,7 @@ Each run (one seed on one kernel path) holds:
   word's attention on "not" and of "not"'s on the sentiment word, the accuracy with head 0,
   head 1 or both silenced and with the feed-forward sublayer switched off, and the held-out
   accuracy after each epoch;
-- ``"halves"`` (chapter 08): accuracy on plain sentences and on negated ones with "not"
+- ``"halves"`` (chapter 10): accuracy on plain sentences and on negated ones with "not"
   and the sentiment word in the same or in different halves, for the model trained
   freely (tested free and tested restricted) and for one trained restricted.
 """
@@ -219,7 +219,7 @@ class Study:
 def save_study(runs: list[Run], path: str | Path = STUDY_FILE, command: str = "") -> Path:
     """Write the runs as JSON, one run per line (small diffs when a study is re-run)."""
     path = Path(path)
-    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 06 and 08)", "command": command,
+    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 06 and 10)", "command": command,
                         "parts": list(PARTS)},
               "config": CONFIG}
     lines = [json.dumps(run, separators=(",", ":"), sort_keys=False) for run in runs]
@@ -238,7 +238,7 @@ def load_study(path: str | Path | None = None) -> Study:
 
 
 # --- What held in every run of the committed study, as code --------------------------------
-# Chapters 06 and 08 assert the same on the model the learner trains; tests/test_study.py
+# Chapters 06 and 10 assert the same on the model the learner trains; tests/test_study.py
 # checks that every committed run satisfies them and that freshly trained seeds do too.
 
 

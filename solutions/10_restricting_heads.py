@@ -14,10 +14,10 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 08 · Restricting each head to half of the sequence
+# # Solutions · Chapter 10 · Restricting each head to half of the sequence
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/08_restricting_heads.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/10_restricting_heads.ipynb`:
 # > the same exercises, with the solutions filled in, every comparison computed, and a model
 # > answer to the written question, backed by the measurements above it.
 # <!-- END SOLUTION -->
@@ -35,8 +35,8 @@
 # <!-- EXERCISE ONLY
 # Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
 # the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
-# compute what the text asks for, then compare with `solutions/08_restricting_heads.ipynb`.
-# Work in your own copy (`make exercise N=08`, or `.venv/bin/python -m mha_lib start 08`).
+# compute what the text asks for, then compare with `solutions/10_restricting_heads.ipynb`.
+# Work in your own copy (`make exercise N=10`, or `.venv/bin/python -m mha_lib start 10`).
 # -->
 
 # %%
@@ -53,7 +53,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## Part 1 · The restriction
 #
-# ### Exercise 8.1 · The halves mask
+# ### Exercise 10.1 · The halves mask
 #
 # Write `halves_mask(seq_len)` returning a boolean mask of shape `(2, L, L)`, True = may attend:
 # for **every** query, head 0 may attend to the keys `[0, L // 2)` and head 1 to the keys
@@ -82,7 +82,7 @@ def halves_mask(seq_len):
 check_halves_mask(halves_mask)
 
 # %% [markdown]
-# ### Exercise 8.2 · Restricted multi-head attention
+# ### Exercise 10.2 · Restricted multi-head attention
 #
 # Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
 # two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
@@ -90,7 +90,7 @@ check_halves_mask(halves_mask)
 #
 # <details><summary>Hint</summary>
 #
-# Chapter 08 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
+# Chapter 10 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
 # would silently restrict *sequences* instead of heads. Mind the device of the mask.
 # </details>
 
@@ -455,7 +455,7 @@ assert templates["same half"]["the ... was not ..."] >= 0.9 * len(test_groups["s
 # ## Done?
 #
 # That was the course's last exercise. Compare your results and your answer with
-# `solutions/08_restricting_heads.ipynb`.
+# `solutions/10_restricting_heads.ipynb`.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## The end

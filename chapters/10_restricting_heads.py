@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 08 · Restricting where heads may look
+# # Chapter 10 · Restricting where heads may look
 #
 # The course ends where its first source ends. Priyesh Dave's post "Day 28: Multi-Head
 # Attention" closes with a challenge: change the multi-head code so that **the first head may
@@ -24,8 +24,10 @@
 #
 # The challenge is not a toy. Telling a head where it may look is how today's models handle long
 # inputs: full attention costs `L × L` scores per head, and a model that reads 100 000 tokens
-# cannot pay that. So this chapter first builds the restrictions real models use, then sets up
-# the challenge, which you solve in `exercises/08_restricting_heads.ipynb`.
+# cannot pay that (chapter 09 met the causal sliding window as a way to bound the key/value
+# cache; here it is one restriction among several). So this chapter first builds the
+# restrictions real models use, then sets up the challenge, which you solve in
+# `exercises/10_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
 #
@@ -48,7 +50,7 @@
 import matplotlib.pyplot as plt
 import torch
 
-from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything
+from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything, sliding_window_mask
 
 device = get_device()
 seed_everything(0)
@@ -65,7 +67,9 @@ print("Running on:", device.type)
 #
 # - **Local (sliding-window) attention**: query `i` may attend to the keys within `w` positions,
 #   `|i - j| <= w`. Longformer uses a window on both sides; Mistral 7B a causal one (only
-#   `i - w <= j <= i`), of 4096 tokens.
+#   `i - w <= j <= i`), of 4096 tokens. Here `w` counts the keys on each side of the query;
+#   chapter 09's `mha_lib.sliding_window_mask(L, window)` counts every key a query sees, itself
+#   included, so the causal window `w` below is `sliding_window_mask(L, w + 1)`.
 # - **Global tokens** (Longformer): a few chosen positions, such as a classification token, see
 #   every token and are seen by every token, so that the whole input can meet in one place.
 # - **Block-local attention**: the sequence is cut into blocks and each query sees its own block.
@@ -110,6 +114,7 @@ patterns = {
     "blocks of 4 + global 0": with_global(block_local(L, 4), [0]),
     "strided, every 4th": strided(L, 4),
 }
+assert torch.equal(patterns["causal window, w = 3"], sliding_window_mask(L, 4))  # chapter 09's, 4 keys per query
 for name, mask in patterns.items():
     print(f"{name:26} {tuple(mask.shape)}  keys per query: {mask.sum(1).min().item():2d} to "
           f"{mask.sum(1).max().item():2d}  ({mask.float().mean().item():4.0%} of the L x L scores)")
@@ -342,15 +347,15 @@ plt.show()
 #
 # ## Your turn
 #
-# - Start your copy: `make exercise N=08` (or `.venv/bin/python -m mha_lib start 08`), then open
-#   `workspace/08_restricting_heads.ipynb`. The exercise notebook is
-#   `exercises/08_restricting_heads.ipynb`; its checks (`check_halves_mask`,
+# - Start your copy: `make exercise N=10` (or `.venv/bin/python -m mha_lib start 10`), then open
+#   `workspace/10_restricting_heads.ipynb`. The exercise notebook is
+#   `exercises/10_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.
 # - Write your answer before you read the model answer.
 #
 # ## After the exercise
 #
-# The model answer is in `solutions/08_restricting_heads.ipynb`, Part 4. It does not rest on the
+# The model answer is in `solutions/10_restricting_heads.ipynb`, Part 4. It does not rest on the
 # one model the notebook trains: it reads the course's **seed study**, the same free and
 # restricted models trained from 30 seeds on three CPU kernel paths
 # (`mha_lib.sentiment.load_study()`; `make study` re-runs it), and quotes only what held across
@@ -370,7 +375,11 @@ plt.show()
 # - **Chapter 06:** heads of a trained model specialize, ablation measures what each one is for,
 #   and only a study over many seeds says which findings are robust.
 # - **Chapter 07:** the same maths, fused, without ever storing the `L × L` weights.
-# - **Chapter 08:** a mask per head decides what each head may see: windows, global tokens and
+# - **Chapter 08:** positions enter attention from outside: added to the embeddings, or as a
+#   rotation of each head's queries and keys (RoPE) that makes scores depend on the offset.
+# - **Chapter 09:** at inference a model caches each layer's keys and values; fewer key/value
+#   heads (MQA, GQA) and sliding windows keep that cache small.
+# - **Chapter 10:** a mask per head decides what each head may see: windows, global tokens and
 #   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
 # ## Where to go next

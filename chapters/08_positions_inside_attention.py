@@ -1,0 +1,420 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 08 · Positions inside attention
+#
+# Chapter 02 ended on a problem it left open: attention alone cannot tell "the dog bit the man"
+# from "the man bit the dog". Shuffle the tokens and every output shuffles with them, nothing
+# more. A model learns word order only if positions are put in from outside. This chapter shows
+# the two ways that are used: **added** positions, a vector per position summed into the
+# embeddings before the first layer (the original transformer, and chapter 06's sentiment model),
+# and **rotary** positions (RoPE), which rotate every head's queries and keys inside every layer,
+# the choice of LLaMA, Mistral, Qwen and most open language models today.
+#
+# **By the end of this chapter you will be able to**
+#
+# - show with `mha_lib.MultiHeadAttention` that self-attention is permutation-equivariant, and
+#   that adding positions breaks the symmetry;
+# - build the sinusoidal table of *Attention Is All You Need* yourself, read its picture, and
+#   say how it differs from a learned table of positions;
+# - rotate queries and keys by their positions (RoPE) in a few lines, prove your version equals
+#   `mha_lib.apply_rotary`, and name the pairing convention it uses;
+# - prove, numerically, that a rotary score depends only on the offset `i - j`, that shifting
+#   every position by the same amount changes nothing, and say why the values are never rotated;
+# - use `MultiHeadAttention(..., rotary=True)` and say what it does differently.
+#
+# *Sources.* Sinusoidal positions: Vaswani et al., "Attention Is All You Need" (2017),
+# section 3.5. Rotary positions: J. Su et al., "RoFormer: Enhanced Transformer with Rotary
+# Position Embedding" (2021). The half-split pairing is the one of GPT-NeoX and of the
+# Hugging Face implementations of LLaMA and Mistral (`rotate_half`).
+
+# %% [markdown]
+# ## Set-up
+#
+# As in every chapter: the device (`MHA_DEVICE=cpu` forces the CPU), the seed, random numbers
+# drawn on the CPU and then moved.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+
+from mha_lib import (MultiHeadAttention, apply_rotary, combine_heads, get_device, scaled_dot_product_attention,
+                     seed_everything, sinusoidal_positions, split_heads)
+
+device = get_device()
+seed_everything(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+print("Running on:", device.type)
+
+# %% [markdown]
+# ## 1. Attention alone does not see order
+#
+# Chapter 02 proved it for one head; the same holds for the multi-head module, because every
+# head is permutation-equivariant and the projections act on each token on its own. With `P`
+# a permutation of the tokens, `MHA(P x) = P MHA(x)`: the outputs are the same numbers, moved.
+
+# %%
+d_model, H, L = 32, 4, 6
+mha = MultiHeadAttention(d_model, H).to(device).eval()
+x = torch.randn(1, L, d_model).to(device)  # (B, L, d_model): six "tokens"
+perm = torch.tensor([5, 2, 0, 4, 1, 3])  # a shuffle of the six positions
+
+with torch.no_grad():
+    out = mha(x, x, x)  # (1, L, d_model)
+    out_shuffled = mha(x[:, perm], x[:, perm], x[:, perm])
+print("x:", tuple(x.shape), " output:", tuple(out.shape))
+equivariant = torch.allclose(out_shuffled, out[:, perm], atol=1e-5)
+assert equivariant
+print("MHA(shuffled x) == MHA(x), shuffled (within 1e-5):", equivariant)
+
+# %% [markdown]
+# ## 2. Added positions: the sinusoidal table
+#
+# Vaswani et al. add to the embedding of the token at position `pos` a vector whose features
+# come in pairs, a sine and a cosine of the same angle:
+#
+# $$PE_{pos,\,2i} = \sin\!\left(\frac{pos}{10000^{2i/d}}\right), \qquad
+#   PE_{pos,\,2i+1} = \cos\!\left(\frac{pos}{10000^{2i/d}}\right).$$
+#
+# Pair `i` turns with the frequency $\omega_i = 10000^{-2i/d}$: the first pair once every
+# $2\pi \approx 6.3$ positions, the last one so slowly that it hardly moves over a whole text.
+# Here is the table in a few lines, checked against the course's `mha_lib.sinusoidal_positions`.
+
+# %%
+def sinusoidal_table(seq_len: int, d: int) -> torch.Tensor:
+    """(seq_len, d): sines in the even features, cosines in the odd ones (d even)."""
+    pos = torch.arange(seq_len, dtype=torch.float64)[:, None]  # (L, 1)
+    omega = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,), the frequencies
+    table = torch.stack([torch.sin(pos * omega), torch.cos(pos * omega)], dim=-1)  # (L, d/2, 2)
+    return table.flatten(1).float()  # (L, d): sin, cos, sin, cos, ...
+
+
+table = sinusoidal_table(100, 64)
+print("table:", tuple(table.shape), " (positions, d_model)")
+assert torch.allclose(table, sinusoidal_positions(100, 64), atol=1e-6)
+print("our table == mha_lib.sinusoidal_positions (within 1e-6)")
+
+# %% [markdown]
+# Every column of the picture is one position's vector. The fast pairs at the top change from
+# one position to the next; the slow ones at the bottom tell apart only positions far from each
+# other. Together
+# they give every position a different vector, for any length: the table is computed, not
+# learned, so it has a row for position 10 000 as well.
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.6))
+image = ax.imshow(table.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+ax.set_xlabel("position")
+ax.set_ylabel("feature (sin, cos, sin, ...)")
+ax.set_title("Sinusoidal positions, d_model = 64: fast pairs at the top, slow ones at the bottom")
+fig.colorbar(image, ax=ax, fraction=0.03)
+plt.show()
+
+# %% [markdown]
+# Added to the embeddings, the table breaks the symmetry of section 1: the same words in
+# another order now give different outputs, not the old ones moved around.
+
+# %%
+pe = sinusoidal_positions(L, d_model).to(device)  # (L, d_model)
+with torch.no_grad():
+    out_pos = mha(x + pe, x + pe, x + pe)
+    xs = x[:, perm] + pe  # the words moved, the positions did not
+    out_pos_shuffled = mha(xs, xs, xs)
+still_equivariant = torch.allclose(out_pos_shuffled, out_pos[:, perm], atol=1e-5)
+assert not still_equivariant
+print("with positions added, MHA(shuffled) == MHA(x) shuffled:", still_equivariant)
+
+# %% [markdown]
+# The sines and cosines were chosen for a property Vaswani et al. point out: moving `k`
+# positions on turns every pair by the angle $k\,\omega_i$, the same rotation whatever the
+# starting position. So $PE_{pos+k}$ is a fixed linear function of $PE_{pos}$. Keep this in mind:
+# RoPE is built on the same rotation.
+
+# %%
+k_shift = 7
+omega = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)  # (32,)
+c, s = torch.cos(k_shift * omega), torch.sin(k_shift * omega)
+sin_pos, cos_pos = table[:90, 0::2].double(), table[:90, 1::2].double()  # (90, 32) each
+moved = torch.stack([sin_pos * c + cos_pos * s, cos_pos * c - sin_pos * s], dim=-1).flatten(1)  # (90, 64)
+assert torch.allclose(moved.float(), table[k_shift:k_shift + 90], atol=1e-5)
+print(f"rotating every pair of PE[pos] by {k_shift}·ω_i gives PE[pos + {k_shift}], for pos = 0 .. 89")
+
+# %% [markdown]
+# **Learned positions** (chapter 06) are the other kind of added position: an `nn.Embedding`
+# with one trainable row per position, `max_len` rows in all. The model learns whatever vectors
+# help, but has no row for a position at or past `max_len`. The sentiment model of chapter 06 uses one
+# with 16 rows, BERT and GPT-2 one with 512 and 1024.
+
+# %%
+learned = nn.Embedding(16, d_model)  # max_len = 16 rows of d_model trainable numbers
+print("learned position table:", tuple(learned.weight.shape), f"= {learned.weight.numel()} parameters")
+
+# %% [markdown]
+# Either way, added positions reach attention only through the projections: the score between
+# a query at position `i` and a key at `j` is $(W_q(x_i + p_i)) \cdot (W_k(x_j + p_j))$, which
+# mixes what the tokens *are* with *where* they are. It depends on `i` and `j` themselves,
+# not only on how far apart they are. Put the same two words four positions apart at the start
+# of the sequence and again further on: the score changes.
+
+# %%
+def score_at(q_proj, k_proj, a, b, i, j, pe):
+    """Score between word a at position i (query) and word b at position j (key), positions added."""
+    return (q_proj(a + pe[i]) @ k_proj(b + pe[j])).item()
+
+
+pe_long = sinusoidal_positions(64, d_model).to(device)
+word_a, word_b = torch.randn(2, d_model).to(device)
+with torch.no_grad():
+    scores = [score_at(mha.W_q, mha.W_k, word_a, word_b, i, i - 4, pe_long) for i in (4, 20, 40)]
+print("same two words, offset 4, at positions (4, 0), (20, 16), (40, 36):", [round(s, 3) for s in scores])
+assert max(scores) - min(scores) > 0.1
+
+# %% [markdown]
+# ## 3. Rotary positions: rotate the queries and keys
+#
+# Su et al. ask for the opposite: a score that sees **only the offset** `i - j`. The idea fits
+# in two dimensions. Rotate the query by the angle $i\theta$ and the key by $j\theta$. A rotation
+# keeps lengths, and the angle between the two vectors grows by $(i - j)\theta$; so their dot
+# product, $|q|\,|k| \cos(\text{angle})$, depends on `i - j` and nothing else:
+#
+# $$\big(R(i\theta)\,q\big) \cdot \big(R(j\theta)\,k\big) = q \cdot R\big((j - i)\theta\big)\,k.$$
+
+# %%
+def rotate_2d(v: torch.Tensor, angle: float) -> torch.Tensor:
+    c, s = math.cos(angle), math.sin(angle)
+    return torch.tensor([[c, -s], [s, c]], dtype=v.dtype) @ v
+
+
+q2, k2, theta = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0]), 0.3
+for i, j in [(3, 1), (10, 8), (52, 50)]:
+    print(f"query at {i:2d}, key at {j:2d} (offset {i - j}): score {rotate_2d(q2, i * theta) @ rotate_2d(k2, j * theta):.4f}")
+
+# %% [markdown]
+# A head's `d_k` features are cut into `d_k / 2` such pairs, and pair `i` turns with its own
+# frequency $\theta_i = 10000^{-2i/d_k}$, the formula of the sinusoidal table with `d_k` in place
+# of `d_model`. Which
+# features form a pair is a convention. The course uses the **half-split** one: pair `i` is
+# features `i` and `i + d_k/2`, as in GPT-NeoX and Hugging Face's LLaMA and Mistral code, the
+# code you are most likely to read. (RoFormer's paper pairs neighbours, `2i` and `2i + 1`; more
+# on that below.)
+#
+# A pair is also a complex number `a + ib`, and rotating it by $m\theta$ is multiplying it by
+# $e^{im\theta}$. That gives a short version to check the course's `mha_lib.apply_rotary` with.
+
+# %%
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """(..., L, d_k) -> (..., L, d_k): pair (i, i + d_k/2) at position m turned by m·θ_i."""
+    half = x.size(-1) // 2
+    theta = base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.size(-1))  # (d_k/2,)
+    turn = torch.polar(torch.ones(len(positions), half, dtype=torch.float64),
+                       positions.double()[:, None] * theta)  # (L, d_k/2): e^{i m θ}
+    z = torch.complex(x[..., :half].double(), x[..., half:].double()) * turn.to(x.device)  # (..., L, d_k/2)
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+
+
+B, d_k = 2, 16
+q = torch.randn(B, H, L, d_k).to(device)  # (B, H, L, d_k), as after split_heads
+positions = torch.arange(L)
+assert torch.allclose(rope(q, positions), apply_rotary(q), atol=1e-5)
+assert torch.allclose(rope(q, positions + 9), apply_rotary(q, positions + 9), atol=1e-5)
+print("q:", tuple(q.shape), " rotated:", tuple(apply_rotary(q).shape))
+print("our rope == mha_lib.apply_rotary, with positions 0..5 and 9..14 (within 1e-5)")
+lengths_kept = torch.allclose(apply_rotary(q).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+position_0_unchanged = torch.allclose(apply_rotary(q)[..., 0, :], q[..., 0, :])
+print("every vector keeps its length:", lengths_kept, "  position 0 is not turned:", position_0_unchanged)
+assert lengths_kept and position_0_unchanged
+
+# %% [markdown]
+# ## 4. The score depends only on the offset
+#
+# Now the property itself. Give every position the **same** query vector and the same key
+# vector, rotate them by their positions, and compute all `L × L` scores. Without positions,
+# every score would be the same number. With RoPE, the score of `(i, j)` depends on `i - j`
+# only: the matrix is constant along each diagonal.
+
+# %%
+L_long = 12
+q_one, k_one = torch.randn(2, d_k).to(device)  # one query, one key
+q_rot = apply_rotary(q_one.expand(1, 1, L_long, d_k))  # (1, 1, L, d_k): the query at every position
+k_rot = apply_rotary(k_one.expand(1, 1, L_long, d_k))
+S = (q_rot @ k_rot.transpose(-2, -1))[0, 0]  # (L, L): S[i, j] = score of query at i, key at j
+constant_diagonals = torch.allclose(S[1:, 1:], S[:-1, :-1], atol=1e-5)  # S[i+1, j+1] == S[i, j]
+print("S:", tuple(S.shape), " constant along every diagonal:", constant_diagonals)
+assert constant_diagonals
+print("first row (query at 0, keys at 0..5):", S[0, :6].cpu())
+
+# %% [markdown]
+# The stronger statement: shift **every** position by the same amount, for queries and keys
+# with different vectors at each position, and no score changes. Through its scores, a rotary
+# layer sees how the tokens lie relative to each other, not where in a long text they sit.
+
+# %%
+q64, k64 = q.double(), torch.randn(B, H, L, d_k, dtype=torch.float64).to(device)  # float64: large angles stay exact
+scores_0 = apply_rotary(q64) @ apply_rotary(k64).transpose(-2, -1)  # (B, H, L, L), positions 0..5
+for shift in (1, 100, 10_000):
+    moved = apply_rotary(q64, positions + shift) @ apply_rotary(k64, positions + shift).transpose(-2, -1)
+    assert torch.allclose(moved, scores_0, atol=1e-8)
+print("scores:", tuple(scores_0.shape), " unchanged when all positions move by 1, 100 and 10 000 (within 1e-8)")
+
+# %% [markdown]
+# What does RoPE do to the scores as the offset grows? Take a query and a key that point the same
+# way (all ones, `d_k = 64`): at offset 0 the score is `64`. As the offset grows, the fast pairs
+# turn away and stop contributing, while the slow pairs still agree; the score falls and
+# oscillates lower, which Su et al. call the *long-term decay*. A random pair of vectors has no
+# such trend; its score just wanders with the offset.
+
+# %%
+d_plot, max_offset = 64, 512
+offsets = torch.arange(max_offset + 1)  # the query sits at position i = offset, the key at j = 0
+ones = torch.ones(1, 1, max_offset + 1, d_plot, dtype=torch.float64)  # (1, 1, 513, 64)
+same_way = (apply_rotary(ones, offsets) @ torch.ones(d_plot, dtype=torch.float64))[0, 0]  # (513,)
+q_r, k_r = torch.randn(2, d_plot, dtype=torch.float64)  # a key at 0 is not turned: k_r as it is
+random_pair = (apply_rotary(q_r.expand(1, 1, max_offset + 1, d_plot), offsets) @ k_r)[0, 0]  # (513,)
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1, 1.6]})
+image = left.imshow(S.cpu().numpy(), cmap="RdBu")
+left.set_title("one q and one k at every position:\nthe score S[i, j] depends on i - j only")
+left.set_xlabel("key position j")
+left.set_ylabel("query position i")
+fig.colorbar(image, ax=left, fraction=0.046)
+right.plot(offsets, same_way, label="q = k = all ones")
+right.plot(offsets, random_pair, label="a random q and k", alpha=0.7)
+right.axhline(0, color="grey", lw=0.5)
+right.set_xlabel("offset i - j")
+right.set_ylabel("score q·k after RoPE")
+right.set_title("the score over the offset (d_k = 64)")
+right.legend()
+plt.tight_layout()
+plt.show()
+
+# %%
+print(f"all ones: score {same_way[0]:.1f} at offset 0, on average {same_way[128:].mean():.1f} over offsets 128..512")
+assert abs(same_way[0] - d_plot) < 1e-9 and same_way[128:].mean() < 0.6 * d_plot
+
+# %% [markdown]
+# ## 5. Two pairings, one idea
+#
+# The interleaved pairing of the RoFormer paper (features `2i` and `2i + 1`) gives the same
+# offset property. The two are the same rotation of differently ordered features: reorder the
+# features so that neighbours become `(i, i + d_k/2)`, rotate half-split, order them back, and
+# you get the interleaved rotation. For one model they are **not** interchangeable: weights
+# trained with one pairing give wrong scores with the other. Converting a checkpoint between them
+# means permuting the rows of `W_q` and `W_k` once, which is what conversion scripts do.
+
+# %%
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """RoFormer's pairing: features (2i, 2i + 1) turned by m·θ_i."""
+    half = x.size(-1) // 2
+    theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / x.size(-1))
+    angle = positions.double()[:, None] * theta  # (L, d_k/2)
+    angle = angle.to(x.device)
+    a, b = x[..., 0::2].double(), x[..., 1::2].double()  # neighbours
+    rotated = torch.stack([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1)
+    return rotated.flatten(-2).to(x.dtype)  # (..., L, d_k), neighbours again
+
+
+to_half_split = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])  # evens first, then odds
+back = torch.argsort(to_half_split)
+same_rotation = torch.allclose(apply_rotary(q[..., to_half_split])[..., back], rope_interleaved(q, positions), atol=1e-5)
+differ = not torch.allclose(apply_rotary(q), rope_interleaved(q, positions), atol=1e-3)
+print("interleaved == half-split on reordered features:", same_rotation, "  but not on the same features:", differ)
+assert same_rotation and differ
+
+# %% [markdown]
+# ## 6. RoPE inside the module, and why the values stay as they are
+#
+# `MultiHeadAttention(d_model, num_heads, rotary=True)` rotates the queries and keys of every
+# head right after `split_heads`, each by its position `0 .. L-1`, and leaves the values alone.
+# Its forward pass, written out and compared with the module:
+
+# %%
+rot = MultiHeadAttention(d_model, H, rotary=True).to(device).eval()
+print("rotary:", rot.rotary, " num_heads:", rot.num_heads, " d_k:", rot.d_k)
+with torch.no_grad():
+    q_h = apply_rotary(split_heads(rot.W_q(x), H))  # (B, H, L, d_k), rotated
+    k_h = apply_rotary(split_heads(rot.W_k(x), H))  # (B, H, L, d_k), rotated
+    v_h = split_heads(rot.W_v(x), H)  # (B, H, L, d_k), NOT rotated
+    heads, _ = scaled_dot_product_attention(q_h, k_h, v_h)  # (B, H, L, d_k)
+    by_hand = rot.W_o(combine_heads(heads))  # (B, L, d_model)
+    from_module = rot(x, x, x)
+assert torch.allclose(by_hand, from_module, atol=1e-5)
+print("q, k per head:", tuple(q_h.shape), " output:", tuple(from_module.shape))
+print("hand-written rotary forward == MultiHeadAttention(rotary=True) (within 1e-5)")
+
+# %% [markdown]
+# Positions are needed to decide **where to look**, and that is all the scores do. The values are
+# **what gets handed over**: if they were rotated, the same token would hand over a different
+# vector depending on where it sits, the output would carry absolute positions again, and the
+# shift property of section 4 would be lost. The module leaves them alone; rotating them too
+# changes the output:
+
+# %%
+with torch.no_grad():
+    heads_v, _ = scaled_dot_product_attention(q_h, k_h, apply_rotary(v_h))
+    v_rotated_too = rot.W_o(combine_heads(heads_v))
+assert not torch.allclose(v_rotated_too, from_module, atol=1e-3)
+print("values rotated too == the module:", torch.allclose(v_rotated_too, from_module, atol=1e-3))
+
+# %% [markdown]
+# And the rotary module sees order: shuffle the tokens and the outputs are no longer the old
+# ones moved around. Unlike added positions, nothing was added to the embeddings.
+
+# %%
+with torch.no_grad():
+    out_rot = rot(x, x, x)
+    out_rot_shuffled = rot(x[:, perm], x[:, perm], x[:, perm])
+sees_order = not torch.allclose(out_rot_shuffled, out_rot[:, perm], atol=1e-5)
+assert sees_order
+print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
+
+# %% [markdown]
+# `apply_rotary` takes the positions as an argument for one reason: a model that generates text
+# one token at a time has seen `T` tokens already, and the new one sits at position `T`, not 0.
+# Chapter 09 passes `positions = arange(T, T + n)` for that.
+
+# %% [markdown]
+# ## Recap
+#
+# - Self-attention is **permutation-equivariant**: `MHA(P x) = P MHA(x)`. Order has to be put
+#   in from outside.
+# - **Added positions**: a vector per position summed into the embeddings, either the
+#   **sinusoidal** table of Vaswani et al. (pairs of sin and cos at frequencies
+#   $10000^{-2i/d}$, computed for any length) or a **learned** table (`nn.Embedding(max_len, d)`,
+#   chapter 06). The scores then depend on the absolute positions `i` and `j`.
+# - **RoPE** rotates each head's queries and keys, pair of features by pair of features, by
+#   `position · θ_i`. The score depends on the **offset `i - j` only**; shifting every position by
+#   a constant changes nothing; lengths are kept; the values are **never** rotated.
+# - `mha_lib.apply_rotary(x, positions=None)` uses the **half-split** pairing `(i, i + d_k/2)`
+#   (GPT-NeoX, Hugging Face LLaMA); RoFormer's interleaved pairing is the same rotation on
+#   reordered features, but weights do not carry over between them.
+# - `MultiHeadAttention(d_model, H, rotary=True)` (and the efficient module) apply it after
+#   `split_heads`.
+#
+# ## Exercises
+#
+# Practise what this chapter built in `exercises/08_positions_inside_attention.ipynb`: write
+# `apply_rotary` yourself, then one rotary attention step; each exercise checks itself and tells
+# you what is wrong. See the README for how to start your own copy.
+#
+# ## What comes next
+#
+# **Chapter 09** runs attention the way a language model writes: one token at a time. It keeps
+# every layer's keys and values in a cache instead of recomputing them, rotates each new token by
+# its true position, measures what the cache costs in memory, and shows the two ways today's
+# models shrink it: fewer key/value heads (MQA, GQA) and sliding windows.

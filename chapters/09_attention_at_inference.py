@@ -1,0 +1,378 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 09 · Attention at inference: the key/value cache, shared heads, sliding windows
+#
+# A language model writes one token at a time. To pick token `t + 1` it runs its layers over
+# everything written so far, then appends the new token and does it again. Run naively, every
+# step repeats all the work of the step before. This chapter shows the trick every model uses
+# to avoid that, the **key/value cache**, what it costs in memory, and the two changes to
+# multi-head attention that today's models make to keep that memory small: **fewer key/value
+# heads** (multi-query and grouped-query attention) and **sliding windows**.
+#
+# **By the end of this chapter you will be able to**
+#
+# - say why decoding with a causal mask recomputes every key and value at every step, and count
+#   the work it wastes;
+# - decode with `mha_lib.KVCache`, token by token or in chunks, and prove that it equals the
+#   full causal forward pass, with and without rotary positions;
+# - compute the cache's memory for the book's `512 × 8` configuration and for a 7B-class model,
+#   and measure it with `cache.nbytes`;
+# - use `num_kv_heads` for multi-query (MQA) and grouped-query attention (GQA), say which query
+#   heads share which key/value head, and how much memory that saves;
+# - build a sliding-window mask with `mha_lib.sliding_window_mask`, decode with it, and show
+#   that the cache then never needs more than the window.
+#
+# *Sources.* N. Shazeer, "Fast Transformer Decoding: One Write-Head is All You Need" (2019),
+# multi-query attention. J. Ainslie et al., "GQA: Training Generalized Multi-Query Transformer
+# Models from Multi-Head Checkpoints" (2023). I. Beltagy et al., "Longformer: The
+# Long-Document Transformer" (2020), local attention; A. Jiang et al., "Mistral 7B" (2023), the
+# causal sliding window and its rolling cache. The 7B-class configuration (32 layers, 32 heads
+# of 128) is LLaMA-2-7B's (H. Touvron et al., "Llama 2", 2023).
+
+# %% [markdown]
+# ## Set-up
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+from mha_lib import (KVCache, MultiHeadAttention, causal_mask, get_device, kv_cache_bytes, plot_attention, repeat_kv,
+                     seed_everything, sliding_window_mask)
+from mha_lib import decode_bench
+
+device = get_device()
+seed_everything(0)
+torch.set_printoptions(precision=3, sci_mode=False)
+print("Running on:", device.type)
+
+# %% [markdown]
+# ## 1. Decoding without a cache repeats itself
+#
+# A decoder's self-attention is causal: the output at position `t` depends on tokens `0 .. t`
+# only. To generate, the model needs the output at the newest position, then the next one, and
+# so on. Without a cache, step `t` runs the whole prefix again with `causal_mask(t + 1)` and
+# keeps its last row. (We feed fixed random vectors instead of generated tokens: the attention
+# layer's work is the same whatever the tokens are.)
+
+# %%
+d_model, H, L = 64, 8, 10
+mha = MultiHeadAttention(d_model, H).to(device).eval()
+x = torch.randn(1, L, d_model).to(device)  # (B, L, d_model): the tokens, as embeddings
+
+with torch.no_grad():
+    full = mha(x, x, x, mask=causal_mask(L, device=device))  # (1, L, d_model), all positions at once
+    steps = [mha(x[:, : t + 1], x[:, : t + 1], x[:, : t + 1], mask=causal_mask(t + 1, device=device))[:, -1:]
+             for t in range(L)]  # step t: the prefix 0..t again, keep the last output
+recomputed = torch.cat(steps, dim=1)  # (1, L, d_model)
+assert torch.allclose(recomputed, full, atol=1e-5)
+print("token by token, recomputing the prefix == one causal forward (within 1e-5):", True)
+
+# %% [markdown]
+# Step `t` projects `t + 1` tokens into queries, keys and values, although only the newest one
+# is new: with a causal mask, the keys and values of tokens `0 .. t - 1` are exactly those of
+# the step before. Over `L` steps the layer projects `1 + 2 + … + L = L(L+1)/2` tokens instead of
+# `L`, and computes `1² + 2² + … + L²` scores instead of `1 + 2 + … + L`.
+
+# %%
+print(f"{'tokens L':>8} {'projections, recompute':>23} {'with a cache':>13} {'scores, recompute':>18} {'with a cache':>13}")
+for n in (10, 256, 4096):
+    print(f"{n:8d} {n * (n + 1) // 2:23,d} {n:13,d} {n * (n + 1) * (2 * n + 1) // 6:18,d} {n * (n + 1) // 2:13,d}")
+
+# %% [markdown]
+# ## 2. The key/value cache
+#
+# So keep them. A **key/value cache** stores, for every attention layer, the keys and values of
+# the tokens seen so far. Each step projects only the new token, appends its key and value, and
+# lets its query attend to everything in the cache. `mha_lib.KVCache` is one layer's cache;
+# pass it to the module as `cache=`, with the same tensor (the new tokens) as query, key and
+# value. One token at a time gives exactly the causal forward pass:
+
+# %%
+def decode_step(layer, new, cache, mask=None):
+    """New tokens (B, n, d_model) attend to the cached ones and causally to each other."""
+    return layer(new, new, new, cache=cache, mask=mask)  # (B, n, d_model); the cache grows by n
+
+
+cache = KVCache()
+with torch.no_grad():
+    outputs = [decode_step(mha, x[:, t : t + 1], cache) for t in range(L)]  # (1, 1, D) each
+decoded = torch.cat(outputs, dim=1)  # (1, L, d_model)
+assert torch.allclose(decoded, full, atol=1e-5)
+print("one token per step, with a cache == one causal forward (within 1e-5):", True)
+print("cache:", len(cache), "positions;  keys", tuple(cache.keys.shape), " values", tuple(cache.values.shape),
+      " (B, H, T, d_k)")
+
+# %% [markdown]
+# The new token needs no mask: it may see every cached position and itself, which is all there
+# is. A **chunk** of `n` new tokens at once (a prompt, say) needs one: new token `r` sits at
+# position `T + r` and may see keys `0 .. T + r`, so the mask over the `T + n` keys is a lower
+# triangle shifted right by `T`. Here `T = 3` cached tokens and a chunk of `n = 2`:
+
+# %%
+T_demo, n_demo = 3, 2
+chunk_mask = torch.ones(n_demo, T_demo + n_demo, dtype=torch.bool).tril(diagonal=T_demo)  # (n, T + n)
+print(chunk_mask.int())
+
+# %% [markdown]
+# The module builds that mask itself. A prompt of 6 tokens in one chunk, then one token at a
+# time: the same numbers again. With rotary positions (chapter 08) the new tokens are rotated by
+# their true positions `T .. T + n - 1`, which the module reads from the cache's length; the keys
+# in the cache are stored already rotated, so nothing is rotated twice.
+
+# %%
+for rotary in (False, True):
+    layer = MultiHeadAttention(d_model, H, rotary=rotary).to(device).eval()
+    cache = KVCache()
+    with torch.no_grad():
+        reference = layer(x, x, x, mask=causal_mask(L, device=device))
+        prompt = decode_step(layer, x[:, :6], cache)  # (1, 6, D): one chunk
+        rest = [decode_step(layer, x[:, t : t + 1], cache) for t in range(6, L)]
+    same = torch.allclose(torch.cat([prompt, *rest], dim=1), reference, atol=1e-5)
+    assert same
+    print(f"rotary={rotary!s:5}: a chunk of 6, then 4 single tokens == one causal forward (within 1e-5):", same)
+
+# %% [markdown]
+# How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
+# (`d_model = 512`, 8 heads, batch 1) and checks that they agree. The notebook decodes 48 tokens
+# to stay quick. `python -m mha_lib.decode_bench --threads 1` decodes 256 and reports the fastest
+# of three runs; on the course's 2-core CPU machine it measured 4.3 s recomputing and 0.34 s with
+# the cache, **12.5× faster**. The longer the text, the larger the gap: recomputing grows like
+# `L²` in projections, the cache like `L`.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings vary from run to run and machine to machine; the asserts hold everywhere)
+result = decode_bench.decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
+print(decode_bench.format_result(result))
+assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
+
+# %% [markdown]
+# ## 3. What the cache costs in memory
+#
+# The cache holds two tensors per layer, keys and values, each `(B, H_kv, T, d_k)`: every
+# position, every key/value head, every feature. Per token and per layer that is
+# `2 · H_kv · d_k` numbers. For the book's configuration (`d_model = 512`, 8 heads of 64) in
+# float32: `2 · 8 · 64 · 4 = 4096` bytes, 4 KiB per token per layer. Measured after 16 tokens:
+
+# %%
+book = MultiHeadAttention(512, 8).to(device).eval()
+tokens = torch.randn(1, 16, 512).to(device)
+cache = KVCache()
+with torch.no_grad():
+    for t in range(16):
+        decode_step(book, tokens[:, t : t + 1], cache)
+print(f"measured: {cache.nbytes:,} bytes for {len(cache)} tokens = {cache.nbytes // len(cache):,} bytes per token")
+assert cache.nbytes == kv_cache_bytes(num_layers=1, num_kv_heads=8, d_k=64, seq_len=16, bytes_per_element=4)
+print("== 2 · 8 heads · 64 · 4 bytes · 16 tokens, the arithmetic")
+
+# %% [markdown]
+# A small layer, a small cache. Now a 7B-class model, LLaMA-2-7B's shape: 32 layers, 32 heads of
+# `d_k = 128`, in float16 (2 bytes). Per token: `2 · 32 · 32 · 128 · 2 = 524 288` bytes, half a
+# mebibyte. A context of 4096 tokens takes 2 GiB for **one** sequence; a server decoding 16
+# sequences at once holds 32 GiB of cache, more than twice the model's own weights (7 billion
+# parameters in float16, about 13 GiB).
+
+# %%
+per_token = kv_cache_bytes(num_layers=32, num_kv_heads=32, d_k=128, seq_len=1)  # float16: 2 bytes
+print(f"7B-class, per token:          {per_token:>15,} bytes = {per_token / 2**20:.2f} MiB")
+for batch in (1, 16):
+    total = kv_cache_bytes(num_layers=32, num_kv_heads=32, d_k=128, seq_len=4096, batch=batch)
+    print(f"4096 tokens, batch {batch:2d}:        {total:>15,} bytes = {total / 2**30:.0f} GiB")
+print(f"the weights, 7e9 × 2 bytes:    {7e9 * 2:>15,.0f} bytes = {7e9 * 2 / 2**30:.0f} GiB")
+
+# %% [markdown]
+# ## 4. Fewer key/value heads: MQA and GQA
+#
+# The cache grows with the number of **key/value** heads. Shazeer's **multi-query attention**
+# (MQA) keeps all the query heads but gives them one key head and one value head to share;
+# Ainslie et al.'s **grouped-query attention** (GQA) sits in between: the `H` query heads form
+# `H_kv` groups, and each group shares one key/value head. Mistral 7B has 8 key/value heads for
+# its 32 query heads, LLaMA-2-70B 8 for 64. Each query head still draws its own attention map;
+# only the keys and values it reads are shared.
+#
+# In `mha_lib`, `num_kv_heads` sets `H_kv`; `W_k` and `W_v` then produce `H_kv · d_k` features
+# instead of `d_model`:
+
+# %%
+for kv in (8, 2, 1):
+    m = MultiHeadAttention(512, 8, num_kv_heads=kv)
+    kind = {8: "MHA", 2: "GQA", 1: "MQA"}[kv]
+    params = sum(p.numel() for p in m.parameters())
+    print(f"{kind}: num_kv_heads={kv}  W_q {tuple(m.W_q.weight.shape)}  W_k {tuple(m.W_k.weight.shape)}  "
+          f"W_v {tuple(m.W_v.weight.shape)}  parameters {params:,}")
+
+# %% [markdown]
+# Which query head reads which key/value head? The heads of a group are **consecutive**: with 8
+# query heads and 2 key/value heads, heads 0–3 share key/value head 0 and heads 4–7 share head 1.
+# `mha_lib.repeat_kv(x, n_rep)` copies each key/value head `n_rep = H // H_kv` times in a row so
+# that the usual per-head attention applies; it is the grouping of
+# `F.scaled_dot_product_attention(..., enable_gqa=True)` and of Hugging Face's code.
+
+# %%
+kv_heads = torch.arange(2.0).view(1, 2, 1, 1)  # (B, H_kv, L, d_k): head h holds the number h
+print("key/value head read by query heads 0..7:", repeat_kv(kv_heads, 4).flatten().int().tolist())
+
+# %% [markdown]
+# Put differently, GQA is multi-head attention whose heads are forced to share: an ordinary
+# 8-head module whose key and value weights repeat the rows of each group computes exactly the
+# same function.
+
+# %%
+gqa = MultiHeadAttention(d_model, H, num_kv_heads=2).to(device).eval()
+plain = MultiHeadAttention(d_model, H).to(device).eval()
+d_k, n_rep = d_model // H, H // 2
+source_rows = (torch.arange(H) // n_rep)[:, None] * d_k + torch.arange(d_k)  # head h <- kv head h // n_rep
+with torch.no_grad():
+    for name in ("W_q", "W_o"):
+        getattr(plain, name).load_state_dict(getattr(gqa, name).state_dict())
+    for name in ("W_k", "W_v"):
+        getattr(plain, name).weight.copy_(getattr(gqa, name).weight[source_rows.flatten()])  # (64, 64) from (16, 64)
+        getattr(plain, name).bias.copy_(getattr(gqa, name).bias[source_rows.flatten()])
+    out_gqa, w_gqa = gqa(x, x, x, return_weights=True)
+    out_plain = plain(x, x, x)
+assert torch.allclose(out_gqa, out_plain, atol=1e-5)
+print("GQA (2 key/value heads) == 8-head MHA with tied key/value heads (within 1e-5)")
+print("weights:", tuple(w_gqa.shape), " (B, H, Lq, Lk): still one map per query head")
+
+# %% [markdown]
+# The memory saving is exactly `H_kv / H`. For the 7B-class model of section 3, and measured on
+# the book's layer after 16 tokens (each decoded with a cache and checked against the full
+# causal forward):
+
+# %%
+print(f"{'':5} {'H_kv':>4} {'7B-class: bytes per token':>26} {'4096 tokens':>12} {'book layer, 16 tokens (measured)':>33}")
+measured = {}
+for kind, kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
+    book_kv = {32: 8, 8: 2, 1: 1}[kv]  # the book's layer has 8 query heads: MHA 8, GQA 2, MQA 1
+    layer = MultiHeadAttention(512, 8, num_kv_heads=book_kv).to(device).eval()
+    cache = KVCache()
+    with torch.no_grad():
+        steps = [decode_step(layer, tokens[:, t : t + 1], cache) for t in range(16)]
+        assert torch.allclose(torch.cat(steps, 1), layer(tokens, tokens, tokens, mask=causal_mask(16, device=device)),
+                              atol=1e-4)
+    measured[kind] = cache.nbytes
+    per = kv_cache_bytes(num_layers=32, num_kv_heads=kv, d_k=128, seq_len=1)
+    print(f"{kind:5} {kv:4d} {per:26,d} {per * 4096 / 2**30:9.3f} GiB {cache.nbytes:24,d} bytes (H_kv = {book_kv})")
+assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measured["MHA"]
+
+# %% [markdown]
+# What does sharing cost? Fewer key/value heads means fewer distinct things to look *for*: the
+# model loses some quality, little for GQA, more for MQA. Ainslie et al. report GQA with 8 groups
+# close to full multi-head quality at nearly MQA's speed, and show that a trained multi-head model
+# can be converted by averaging the key and value heads of each group, then trained briefly.
+
+# %% [markdown]
+# ## 5. Sliding windows: a cache that stops growing
+#
+# GQA divides the cache by a constant; it still grows with every token. The other answer limits
+# how far back a token may look. In **sliding-window attention** the query at position `i` sees
+# only the last `window` keys, `i - window + 1 .. i`: the local attention of Longformer, in the
+# causal form Mistral 7B uses with a window of 4096 tokens. `mha_lib.sliding_window_mask(L,
+# window)` is True exactly where `0 <= i - j < window`:
+
+# %%
+L_plot, window = 10, 4
+masks = torch.stack([causal_mask(L_plot), sliding_window_mask(L_plot, window)]).float()  # (2, L, L)
+labels = [f"t{i}" for i in range(L_plot)]
+plot_attention(masks, labels, head_titles=["causal: all the past", f"sliding window of {window}"],
+               title="Who may attend to whom (rows: queries, columns: keys)", annotate=False)
+plt.show()
+
+# %% [markdown]
+# Decoding with a window: each new token may see only the last `window` positions of the cache.
+# Passing the last row of the window mask to the cached forward gives exactly the windowed
+# full forward pass:
+
+# %%
+win = MultiHeadAttention(d_model, H).to(device).eval()
+cache = KVCache()
+with torch.no_grad():
+    reference = win(x, x, x, mask=sliding_window_mask(L, window, device=device))
+    steps = [decode_step(win, x[:, t : t + 1], cache, mask=sliding_window_mask(t + 1, window, device=device)[-1:])
+             for t in range(L)]  # the mask: the window's last row, (1, t + 1)
+assert torch.allclose(torch.cat(steps, dim=1), reference, atol=1e-5)
+print(f"decoding with a window of {window} == the windowed causal forward (within 1e-5)")
+
+# %% [markdown]
+# Keys that fall out of the window are never looked at again, so the cache may **forget** them.
+# Keep only the last `window - 1` entries before each step (a rolling buffer, as in Mistral), and
+# no mask is needed at all: the new token plus what is kept is exactly its window. The cache then
+# never holds more than `window` positions, however long the text.
+
+# %%
+cache, largest = KVCache(), 0
+with torch.no_grad():
+    steps = []
+    for t in range(L):
+        if len(cache) > window - 1:  # forget what left the window
+            cache.keys, cache.values = cache.keys[..., -(window - 1):, :], cache.values[..., -(window - 1):, :]
+        steps.append(decode_step(win, x[:, t : t + 1], cache))
+        largest = max(largest, len(cache))
+assert torch.allclose(torch.cat(steps, dim=1), reference, atol=1e-5)
+print(f"a rolling cache of at most {largest} positions == the windowed forward (within 1e-5)")
+
+# %% [markdown]
+# (Without rotary positions the trimmed cache is enough. With RoPE the module reads each new
+# token's position from the cache's length, which trimming shortens; a rolling buffer must then
+# keep count of the positions itself, as Mistral's does.)
+#
+# For Mistral 7B (32 layers, 8 key/value heads of 128, float16) the two answers combine: GQA makes
+# a token cost 128 KiB, and the window of 4096 caps the cache at 4096 of them, 512 MiB per
+# sequence, whether the text is 4096 tokens long or 32 768 (8 times less than a 32 768-token
+# cache). A window does not blind the model to everything before it: in layer 2, a token sees
+# tokens that saw the `window` before them, and so on up the stack. How far that reaches, and the
+# other ways of restricting where a head may look, are the subject of chapter 10.
+
+# %%
+per_token_mistral = kv_cache_bytes(num_layers=32, num_kv_heads=8, d_k=128, seq_len=1)
+for n in (4096, 32_768):
+    capped = min(n, 4096) * per_token_mistral
+    print(f"Mistral-7B-like, {n:6,d} tokens: {n * per_token_mistral / 2**20:7,.0f} MiB without the window, "
+          f"{capped / 2**20:5,.0f} MiB with it")
+
+# %% [markdown]
+# ## Recap
+#
+# - Decoding without a cache recomputes every key and value at every step: `L(L+1)/2`
+#   projections for `L` tokens. A causal layer never changes the keys and values of earlier
+#   tokens, so a **key/value cache** stores them; each step projects only the new tokens.
+# - `KVCache()` and `module(x_new, x_new, x_new, cache=cache)`: the new keys and values are
+#   appended, the new queries see every cached position and causally within their chunk (a
+#   lower triangle shifted by `T`), and RoPE positions continue from `len(cache)`. Decoding token
+#   by token or in chunks equals the full causal forward.
+# - The cache costs `2 · layers · H_kv · d_k · bytes` per token: 4 KiB per layer for the book's
+#   layer in float32, 0.5 MiB for a 7B-class model in float16, 2 GiB per 4096-token sequence.
+# - **MQA** (one key/value head) and **GQA** (`H_kv` groups of consecutive query heads) divide that
+#   by `H / H_kv`; every query head keeps its own attention map. `repeat_kv` gives each group its
+#   shared head.
+# - **Sliding windows** (`sliding_window_mask`, True where `0 <= i - j < window`) cap the cache at
+#   `window` positions: what leaves the window is never read again.
+#
+# ## Exercises
+#
+# Practise what this chapter built in `exercises/09_attention_at_inference.ipynb`: the sliding
+# window mask, `repeat_kv`, and one decoding step with a cache and rotary positions; each
+# exercise checks itself and tells you what is wrong. See the README for how to start your own
+# copy.
+#
+# ## What comes next
+#
+# **Chapter 10**, the course's last, takes the sliding window further: global tokens,
+# block-sparse and strided patterns, a different mask for every head, and how far information
+# travels through a stack of restricted layers. Then it takes up the challenge at the end of
+# Priyesh Dave's post: restrict head 0 to the first half of the sequence and head 1 to the
+# second, and explain what that says about what heads are for.

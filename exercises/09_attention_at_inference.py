@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Exercises · Chapter 09 · Attention at inference
+#
+# Three exercises, one per idea of chapter 09: the sliding-window mask, the key/value heads that
+# groups of query heads share, and one decoding step with a key/value cache and rotary positions.
+#
+# Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
+# **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
+# anything. Hints are folded away: click to open them. Work in your own copy
+# (`make exercise N=09`, or `.venv/bin/python -m mha_lib start 09`; see the README), so that
+# updates to the course never overwrite your work.
+
+# %%
+import torch
+
+from mha_lib import apply_rotary, scaled_dot_product_attention
+from mha_lib.checks import check_cached_attention, check_repeat_kv, check_sliding_window_mask
+
+# %% [markdown]
+# ## Exercise 9.1 · The sliding-window mask
+#
+# Write `sliding_window_mask(seq_len, window)`: a bool tensor `(L, L)`, rows = queries,
+# columns = keys, True (may attend) exactly where `0 <= i - j < window`. Each query sees itself
+# and the `window - 1` keys before it, never a key after it. Don't call
+# `mha_lib.sliding_window_mask`.
+#
+# <details><summary>Hint</summary>
+#
+# `i = torch.arange(L)[:, None]` and `j = torch.arange(L)[None, :]` broadcast to every pair
+# `(i, j)`; combine two comparisons with `&`.
+# </details>
+
+# %%
+def sliding_window_mask(seq_len, window):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_sliding_window_mask(sliding_window_mask)
+
+# %% [markdown]
+#
+
+# %% [markdown]
+# ## Exercise 9.2 · Share key/value heads
+#
+# Write `repeat_kv(x, n_rep)`: from `x (B, H_kv, L, d_k)`, the key (or value) heads of a
+# grouped-query layer, build `(B, H_kv · n_rep, L, d_k)` in which head `h` is head `h // n_rep`
+# of `x`: query heads `0 .. n_rep - 1` share key/value head 0, the next `n_rep` share head 1, and
+# so on. Don't call `mha_lib.repeat_kv`.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.repeat_interleave` repeats each entry along one axis; `Tensor.repeat` tiles the whole
+# axis instead. Print which head lands where for `H_kv = 2, n_rep = 3` before you run the check.
+# </details>
+
+# %%
+def repeat_kv(x, n_rep):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_repeat_kv(repeat_kv)
+
+# %% [markdown]
+#
+
+# %% [markdown]
+# ## Exercise 9.3 · One decoding step with a cache
+#
+# Write `attend_with_cache(query, key, value, k_cache, v_cache)` for one attention layer with
+# rotary positions (chapter 08):
+#
+# - `query, key, value (B, H, n, d_k)`: the heads of the `n` new tokens, **not yet rotated**;
+# - `k_cache, v_cache (B, H, T, d_k)`: the keys (already rotated) and the values of the `T`
+#   tokens before them; `T = 0` at the first step (empty tensors).
+#
+# Rotate the new queries and keys by their positions, append the new keys and values to the
+# caches, let the new queries attend to all `T + n` keys (each new token to every cached one and
+# causally within the chunk), and return `(output, k_cache, v_cache)`: the output
+# `(B, H, n, d_k)` and both caches, now `(B, H, T + n, d_k)`. Use `apply_rotary` and
+# `scaled_dot_product_attention` (imported above).
+#
+# <details><summary>Hint 1</summary>
+#
+# The new tokens sit at positions `T .. T + n - 1`, with `T = k_cache.size(-2)` read **before**
+# you append anything.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# The mask is `(n, T + n)`: new token `r` may see keys `0 .. T + r`. `torch.tril` on a
+# non-square matrix needs the offset: `torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T)`.
+# </details>
+
+# %%
+def attend_with_cache(query, key, value, k_cache, v_cache):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_cached_attention(attend_with_cache)
+
+# %% [markdown]
+# Decode a sequence of your own with it, in chunks of your choice (say 4, then 1, 1, 1), and
+# compare the outputs with rotary attention over the whole sequence at once with a causal mask.
+
+# %%
+# your code here
+
+# %% [markdown]
+#
+
+# %% [markdown]
+# ## Done?
+#
+# Compare with `solutions/09_attention_at_inference.ipynb`, then go on to chapter 10.

@@ -1,0 +1,149 @@
+"""Checks for chapter 08: rotary positions (RoPE) and one rotary attention step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import positions as _positions
+from ._core import (
+    CheckResult,
+    call,
+    check_unchanged,
+    cloned,
+    close,
+    describe_shapes,
+    diagnose,
+    expect_tensor,
+    fail,
+    gen,
+    randn,
+    run_check,
+)
+from ._reference import attend as reference_attend
+
+CONVENTION = ("The course pairs feature i with feature i + d_k/2 (half-split): a, b = x[..., :d_k//2], "
+              "x[..., d_k//2:], then cat([a·cos - b·sin, a·sin + b·cos], dim=-1), with the angle "
+              "position · θ_i and θ_i = base^(-2i/d_k).")
+
+
+def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str = "half",
+           exponent: float = 2.0, sign: float = 1.0, output: str = "half") -> Tensor:
+    """RoPE with the knobs that common mistakes turn; the defaults are the course's convention."""
+    d_k = x.size(-1)
+    half = d_k // 2
+    theta = base ** (-exponent * torch.arange(half, dtype=torch.float64) / d_k)  # (d_k/2,)
+    angle = sign * positions.to(torch.float64)[:, None] * theta  # (L, d_k/2)
+    cos, sin = angle.cos(), angle.sin()
+    x = x.to(torch.float64)
+    a, b = (x[..., :half], x[..., half:]) if pairing == "half" else (x[..., 0::2], x[..., 1::2])
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
+    if output == "half":
+        return torch.cat([a2, b2], dim=-1)
+    return torch.stack([a2, b2], dim=-1).flatten(-2)  # neighbours
+
+
+def _rotary_mistakes(x: Tensor, positions: Tensor) -> list[tuple[str, Callable[[], Tensor], str]]:
+    L = x.size(-2)
+    return [
+        ("nothing was rotated", lambda: x,
+         "Rotate every pair of features by the angle position · θ_i: " + CONVENTION),
+        ("the positions were ignored: they were counted from 0 (arange(L)) instead of the ones given",
+         lambda: rotate(x, torch.arange(L)),
+         "Use the positions argument: a decoder passes arange(T, T + L) for tokens that come after T cached ones."),
+        ("neighbouring features (2i, 2i + 1) were paired (interleaved, as in the RoFormer paper)",
+         lambda: rotate(x, positions, pairing="interleaved", output="interleaved"),
+         "Both pairings give the offset property, but the course (and Hugging Face's LLaMA) uses half-split. "
+         + CONVENTION),
+        ("the halves were paired correctly, but the rotated pairs were written back interleaved",
+         lambda: rotate(x, positions, output="interleaved"),
+         "Keep the layout: the rotated first halves go back to features [0, d_k/2), the second ones to [d_k/2, d_k): "
+         "torch.cat([..., ...], dim=-1), not torch.stack(...).flatten(-2)."),
+        ("neighbours were paired and the result written back as halves", lambda: rotate(x, positions, pairing="interleaved"),
+         CONVENTION),
+        ("the rotation goes the wrong way (the sine has the wrong sign)", lambda: rotate(x, positions, sign=-1.0),
+         "Rotating (a, b) by the angle φ gives (a·cos φ - b·sin φ, a·sin φ + b·cos φ)."),
+        ("the frequencies are θ_i = base^(-i/d_k) (the factor 2 is missing)",
+         lambda: rotate(x, positions, exponent=1.0),
+         "θ_i = base ** (-2 * i / d_k) for i = 0 .. d_k/2 - 1, as in the sinusoidal table."),
+        ("the frequencies use i = 0, 2, 4, ... and a factor 2 (θ_i = base^(-4i/d_k))",
+         lambda: rotate(x, positions, exponent=4.0),
+         "Either i = 0 .. d_k/2 - 1 with base ** (-2i/d_k), or torch.arange(0, d_k, 2) / d_k without the 2."),
+    ]
+
+
+def check_apply_rotary(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(x, positions) -> rotated``: ``x (..., L, d_k)`` with even ``d_k``, ``positions``
+    an integer tensor ``(L,)``; each pair ``(i, i + d_k/2)`` turned by ``positions · θ_i``."""
+
+    def body() -> str:
+        g = gen(81)
+        cases = [
+            (randn(g, 2, 3, 5, 8), torch.arange(5), "positions 0..4"),
+            (randn(g, 1, 2, 4, 6), torch.arange(7, 11), "positions 7..10 (a chunk after 7 cached tokens)"),
+            (randn(g, 3, 4, 16), torch.tensor([0, 2, 5, 9]), "3-D input and positions 0, 2, 5, 9"),
+        ]
+        for x, positions, label in cases:
+            where = f"for {describe_shapes(x=x)} and {label}"
+            args = cloned(x, positions)
+            out = call(fn, *args, what=f"your function ({label})", forbidden=[_positions.apply_rotary])
+            check_unchanged(["x", "positions"], [x, positions], args, "your function")
+            out = expect_tensor(out, f"the result {where}", x.shape, explain=" (the same shape as x)")
+            expected = rotate(x, positions)
+            if not close(out, expected):
+                raise diagnose(out, _rotary_mistakes(x, positions), f"the rotation is wrong {where}", CONVENTION)
+        return f"correct on {len(cases)} cases (batch and head axes, offset positions, d_k = 6, 8, 16)"
+
+    return run_check("apply_rotary", body)
+
+
+def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(query, key, value, mask=None) -> output`` (or ``(output, weights)``): one
+    self-attention step of per-head tensors ``(B, H, L, d_k)`` with RoPE at positions ``0 .. L-1``."""
+
+    def body() -> str:
+        g = gen(82)
+        B, H, L, d_k = 2, 2, 5, 8
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        cases = [(None, "no mask"), (causal, "a causal mask (L, L)")]
+        for mask, label in cases:
+            q, k, v = randn(g, B, H, L, d_k), randn(g, B, H, L, d_k), randn(g, B, H, L, d_k)
+            where = f"for {describe_shapes(query=q, key=k, value=v)} and {label}"
+            args = cloned(q, k, v)
+            kwargs = {} if mask is None else {"mask": mask.clone()}
+            out = call(fn, *args, **kwargs, what=f"your function ({label})")
+            check_unchanged(["query", "key", "value"], [q, k, v], args, "your function")
+            if isinstance(out, (tuple, list)) and len(out) == 2:
+                out = out[0]
+            out = expect_tensor(out, f"the output {where}", (B, H, L, d_k), explain=" (B, H, L, d_k)")
+            pos = torch.arange(L)
+
+            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask) -> Tensor:
+                return reference_attend(q_, k_, v_, m)[0]
+
+            expected = attend(rotate(q, pos), rotate(k, pos), v)
+            if close(out, expected):
+                continue
+            raise diagnose(out, [
+                ("the values were rotated too", lambda: attend(rotate(q, pos), rotate(k, pos), rotate(v, pos)),
+                 "Rotate the queries and the keys only: positions decide where to look (the scores); the values "
+                 "are what gets handed over and stay as they are."),
+                ("only the queries were rotated", lambda: attend(rotate(q, pos), k, v),
+                 "Rotate both the queries and the keys: the offset i - j appears only when both are turned."),
+                ("only the keys were rotated", lambda: attend(q, rotate(k, pos), v),
+                 "Rotate both the queries and the keys: the offset i - j appears only when both are turned."),
+                ("nothing was rotated", lambda: attend(q, k, v),
+                 "Rotate the queries and keys with apply_rotary before computing the scores."),
+                ("neighbouring features were paired (interleaved)",
+                 lambda: attend(rotate(q, pos, pairing="interleaved", output="interleaved"),
+                                rotate(k, pos, pairing="interleaved", output="interleaved"), v), CONVENTION),
+                ("the mask was ignored", lambda: attend(rotate(q, pos), rotate(k, pos), v, None),
+                 "Pass the mask on to the attention: scaled_dot_product_attention(q, k, v, mask)."),
+            ], f"the output is wrong {where}",
+                "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then attend.")
+        return f"correct on {len(cases)} cases (with and without a causal mask)"
+
+    return run_check("rotary attention", body)

@@ -1,0 +1,295 @@
+"""The checks of chapters 08 and 09: rotary positions, sliding windows, shared key/value heads and
+decoding with a cache. Each passes two differently written right answers, fails each mistake it
+names with that mistake's hint, reads a stub as "not implemented yet", and never crashes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mha_lib
+from mha_lib import checks
+from mha_lib.checks import CheckResult
+
+NEW_CHECKS = [checks.check_apply_rotary, checks.check_rotary_attention, checks.check_sliding_window_mask,
+              checks.check_repeat_kv, checks.check_cached_attention]
+
+
+def expect_fail(result: CheckResult, *words: str, status: str = "failed") -> None:
+    assert isinstance(result, CheckResult)
+    assert not result, f"the check passed a wrong answer: {result}"
+    assert result.status == status, result
+    text = str(result).lower()
+    for word in words:
+        assert word.lower() in text, f"{word!r} missing from:\n{result}"
+
+
+def expect_pass(result: CheckResult) -> None:
+    assert isinstance(result, CheckResult)
+    assert result, f"the check failed a right answer:\n{result}"
+    assert result.status == "passed" and str(result).startswith("✅")
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_a_stub_reads_not_implemented(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert result.status == "not implemented" and "not implemented yet" in str(result), result
+    assert str(result).startswith("⏳")
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_garbage_never_crashes_the_check(check):
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42, lambda *a, **k: None,
+                    lambda *a, **k: (torch.zeros(1), torch.zeros(1), torch.zeros(1)), lambda *a, **k: torch.zeros(2, 2)):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert "bug in mha_lib.checks" not in str(result), result
+
+
+# ------------------------------------------------------------------ apply_rotary (chapter 08)
+
+
+def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out=False, use_positions=True):
+    """A learner-style RoPE with switches for the classic mistakes."""
+    d_k = x.size(-1)
+    half = d_k // 2
+    if not use_positions:
+        positions = torch.arange(x.size(-2))
+    theta = 10000.0 ** (-exponent * torch.arange(half, dtype=x.dtype) / d_k)
+    angle = sign * positions.to(x.dtype)[:, None] * theta
+    if pairing == "half":
+        a, b = x[..., :half], x[..., half:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    a2, b2 = a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()
+    if interleave_out:
+        return torch.stack([a2, b2], dim=-1).flatten(-2)
+    return torch.cat([a2, b2], dim=-1)
+
+
+def rope_rotate_half(x, positions):
+    """The Hugging Face way: x·cos + rotate_half(x)·sin with duplicated angles."""
+    d_k = x.size(-1)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k))
+    freqs = torch.outer(positions.double(), inv_freq)  # (L, d_k/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (L, d_k)
+    x1, x2 = x[..., : d_k // 2], x[..., d_k // 2 :]
+    rotated_half = torch.cat([-x2, x1], dim=-1)
+    return (x * emb.cos() + rotated_half * emb.sin()).to(x.dtype)
+
+
+def test_apply_rotary_passes_right_answers():
+    expect_pass(checks.check_apply_rotary(rope))
+    expect_pass(checks.check_apply_rotary(rope_rotate_half))
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda x, p: rope(x, p, pairing="interleaved", interleave_out=True), ("interleaved", "half-split")),
+    (lambda x, p: rope(x, p, use_positions=False), ("positions were ignored", "arange(T, T + L)")),
+    (lambda x, p: rope(x, p, sign=-1.0), ("wrong way",)),
+    (lambda x, p: rope(x, p, exponent=1.0), ("factor 2 is missing",)),
+    (lambda x, p: rope(x, p, interleave_out=True), ("written back interleaved", "torch.cat")),
+    (lambda x, p: x.clone(), ("nothing was rotated",)),
+])
+def test_apply_rotary_names_the_mistake(wrong, words):
+    expect_fail(checks.check_apply_rotary(wrong), *words)
+
+
+def test_apply_rotary_refuses_the_course_answer_and_in_place_changes():
+    expect_fail(checks.check_apply_rotary(lambda x, p: mha_lib.apply_rotary(x, p)), "course's own answer")
+
+    def in_place(x, p):
+        x.copy_(rope(x, p))
+        return x
+
+    expect_fail(checks.check_apply_rotary(in_place), "in place")
+    expect_fail(checks.check_apply_rotary(lambda x, p: rope(x, p)[..., :-1]), "shape")
+
+
+# ------------------------------------------------------------------ rotary attention (chapter 08)
+
+
+def rotary_attention(q, k, v, mask=None, *, rotate_q=True, rotate_k=True, rotate_v=False, use_mask=True):
+    pos = torch.arange(q.size(-2))
+    q = mha_lib.apply_rotary(q, pos) if rotate_q else q
+    k = mha_lib.apply_rotary(k, pos) if rotate_k else k
+    v = mha_lib.apply_rotary(v, pos) if rotate_v else v
+    return mha_lib.scaled_dot_product_attention(q, k, v, mask if use_mask else None)
+
+
+def rotary_attention_sdpa(query, key, value, mask=None):
+    q, k = rope_rotate_half(query, torch.arange(query.size(-2))), rope_rotate_half(key, torch.arange(key.size(-2)))
+    return F.scaled_dot_product_attention(q, k, value, attn_mask=mask)
+
+
+def test_rotary_attention_passes_right_answers():
+    expect_pass(checks.check_rotary_attention(rotary_attention))
+    expect_pass(checks.check_rotary_attention(rotary_attention_sdpa))  # one tensor, not a pair
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_v=True), ("values were rotated too",)),
+    (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_k=False), ("only the queries",)),
+    (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_q=False), ("only the keys",)),
+    (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_q=False, rotate_k=False), ("nothing was rotated",)),
+    (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, use_mask=False), ("mask was ignored",)),
+])
+def test_rotary_attention_names_the_mistake(wrong, words):
+    expect_fail(checks.check_rotary_attention(wrong), *words)
+
+
+def test_rotary_attention_interleaved_pairing():
+    def interleaved(q, k, v, mask=None):
+        pos = torch.arange(q.size(-2))
+        q2 = rope(q, pos, pairing="interleaved", interleave_out=True)
+        k2 = rope(k, pos, pairing="interleaved", interleave_out=True)
+        return mha_lib.scaled_dot_product_attention(q2, k2, v, mask)
+
+    expect_fail(checks.check_rotary_attention(interleaved), "interleaved")
+
+
+# ------------------------------------------------------------------ sliding_window_mask (chapter 09)
+
+
+def window_compare(L, w):
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    return (i - j >= 0) & (i - j < w)
+
+
+def window_tril(L, w):
+    full = torch.ones(L, L, dtype=torch.bool)
+    return full.tril() & ~full.tril(diagonal=-w)
+
+
+def test_sliding_window_mask_passes_right_answers():
+    expect_pass(checks.check_sliding_window_mask(window_compare))
+    expect_pass(checks.check_sliding_window_mask(window_tril))
+
+
+def _window(L, w, low=0, high=None, causal=True):
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    if not causal:
+        return (i - j).abs() < w
+    return (i - j >= low) & (i - j < (w if high is None else high))
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda L, w: _window(L, w, high=w + 1), ("off by one", "window + 1 keys")),
+    (lambda L, w: _window(L, w, high=w - 1), ("off by one", "window - 1 keys")),
+    (lambda L, w: _window(L, w, low=1, high=w + 1), ("hides each token from itself",)),
+    (lambda L, w: _window(L, w, causal=False), ("not causal",)),
+    (lambda L, w: _window(L, w).T, ("future",)),
+    (lambda L, w: ~_window(L, w), ("inverted",)),
+    (lambda L, w: torch.ones(L, L, dtype=torch.bool).tril(), ("window is ignored",)),
+    (lambda L, w: _window(L, w).float(), ("torch.bool",)),
+    (lambda L, w: mha_lib.sliding_window_mask(L, w), ("course's own answer",)),
+])
+def test_sliding_window_mask_names_the_mistake(wrong, words):
+    expect_fail(checks.check_sliding_window_mask(wrong), *words)
+
+
+# ------------------------------------------------------------------ repeat_kv (chapter 09)
+
+
+def repeat_interleave(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=1)
+
+
+def repeat_expand(x, n_rep):
+    B, H_kv, L, d_k = x.shape
+    return x[:, :, None].expand(B, H_kv, n_rep, L, d_k).reshape(B, H_kv * n_rep, L, d_k)
+
+
+def test_repeat_kv_passes_right_answers():
+    expect_pass(checks.check_repeat_kv(repeat_interleave))
+    expect_pass(checks.check_repeat_kv(repeat_expand))
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda x, n: x.repeat(1, n, 1, 1), ("tiled", "repeat_interleave")),
+    (lambda x, n: torch.repeat_interleave(x, n, dim=2), ("wrong axis",)),
+    (lambda x, n: torch.repeat_interleave(x, n, dim=0), ("wrong axis",)),
+    (lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1), ("merge the two head axes",)),
+    (lambda x, n: mha_lib.repeat_kv(x, n), ("course's own answer",)),
+])
+def test_repeat_kv_names_the_mistake(wrong, words):
+    expect_fail(checks.check_repeat_kv(wrong), *words)
+
+
+# ------------------------------------------------------------------ decoding with a cache (chapter 09)
+
+
+def cached(q, k, v, k_cache, v_cache, *, mistake=None):
+    """A learner-style cached step with switches for the classic mistakes."""
+    T, n = k_cache.size(-2), q.size(-2)
+    if mistake == "positions after append":
+        k_cache_tmp = torch.cat([k_cache, k], dim=-2)
+        start = k_cache_tmp.size(-2)
+    else:
+        start = 0 if mistake == "restart" else T
+    pos = torch.arange(start, start + n)
+    q, k_rot = mha_lib.apply_rotary(q, pos), mha_lib.apply_rotary(k, pos)
+    if mistake == "rotate v":
+        v = mha_lib.apply_rotary(v, pos)
+    if mistake == "no append":
+        return mha_lib.scaled_dot_product_attention(q, k_rot, v, torch.ones(n, n, dtype=torch.bool).tril())[0], k_cache, v_cache
+    k_all, v_all = torch.cat([k_cache, k_rot], dim=-2), torch.cat([v_cache, v], dim=-2)
+    if mistake == "past only":
+        out = mha_lib.scaled_dot_product_attention(q, k_cache, v_cache)[0]
+        return out, k_all, v_all
+    mask = {"tril": torch.ones(n, T + n, dtype=torch.bool).tril(), "no mask": None}.get(
+        mistake, torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T))
+    out, _ = mha_lib.scaled_dot_product_attention(q, k_all, v_all, mask)
+    if mistake == "unrotated cache":
+        k_all = torch.cat([k_cache, k], dim=-2)
+    return out, k_all, v_all
+
+
+def cached_sdpa(query, key, value, k_cache, v_cache):
+    """Written differently: positions from a comparison mask, PyTorch's fused attention."""
+    T, n = k_cache.shape[-2], query.shape[-2]
+    positions = T + torch.arange(n)
+    query, key = rope_rotate_half(query, positions), rope_rotate_half(key, positions)
+    k_cache, v_cache = torch.cat((k_cache, key), -2), torch.cat((v_cache, value), -2)
+    allowed = torch.arange(T + n)[None, :] <= positions[:, None]  # (n, T + n)
+    return F.scaled_dot_product_attention(query, k_cache, v_cache, attn_mask=allowed), k_cache, v_cache
+
+
+def test_cached_attention_passes_right_answers():
+    expect_pass(checks.check_cached_attention(cached))
+    expect_pass(checks.check_cached_attention(cached_sdpa))
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("no append", ("not appended", "torch.cat")),
+    ("tril", ("without the offset t", "hides the past", "tril(diagonal=T)")),
+    ("restart", ("restart at 0", "torch.arange(T, T + n)")),
+    ("positions after append", ("counted after appending", "before appending")),
+    ("past only", ("only to the cached keys",)),
+    ("no mask", ("no causal mask within the chunk",)),
+    ("rotate v", ("values were rotated too",)),
+    ("unrotated cache", ("stored before rotating",)),
+])
+def test_cached_attention_names_the_mistake(mistake, words):
+    expect_fail(checks.check_cached_attention(lambda *a, m=mistake: cached(*a, mistake=m)), *words)
+
+
+def test_cached_attention_wants_three_results():
+    expect_fail(checks.check_cached_attention(lambda *a: cached(*a)[0]), "expected (output, k_cache, v_cache)")
+    expect_fail(checks.check_cached_attention(lambda *a: cached(*a)[:2]), "expected (output, k_cache, v_cache)")
+
+
+def test_the_checks_leave_the_random_state_alone():
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    checks.check_cached_attention(cached)
+    checks.check_apply_rotary(rope)
+    assert torch.equal(torch.rand(1), before)
+    assert math.isfinite(before.item())
