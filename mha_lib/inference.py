@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .positions import apply_rotary
 from .validation import check_mask, check_positive_int
 
-__all__ = ["KVCache", "kv_cache_bytes", "repeat_kv", "cached_mask", "check_cache", "check_num_kv_heads"]
+__all__ = ["KVCache", "kv_cache_bytes", "repeat_kv", "cached_mask", "check_cache", "check_num_kv_heads", "rotate_and_cache"]
 
 
 def check_num_kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
@@ -163,3 +164,22 @@ def cached_mask(
     if mask.dtype == torch.bool:
         return mask & causal
     return mask.masked_fill(~causal, float("-inf"))
+
+
+def rotate_and_cache(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, rotary: bool, cache: KVCache | None, past: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The step both attention modules take between ``split_heads`` and attending.
+
+    q ``(B, H, n, d_k)``, k and v ``(B, H_kv, n, d_k)`` of ``n`` tokens at positions
+    ``past … past + n - 1``. With ``rotary``, q and k are rotated by those positions (RoPE;
+    never v). With a ``cache``, k and v are appended to the ``past`` cached ones and the mask
+    becomes :func:`cached_mask`'s. Returns q, k, v ``(B, H_kv, past + n, d_k)`` and the mask.
+    """
+    if rotary:  # RoPE: rotate queries and keys by their positions T, T + 1, ..., never the values
+        q = apply_rotary(q, torch.arange(past, past + q.size(2), device=q.device))  # (B, H, n, d_k)
+        k = apply_rotary(k, torch.arange(past, past + k.size(2), device=k.device))  # (B, H_kv, n, d_k)
+    if cache is not None:  # decoding: attend to every cached position, causally within the chunk
+        mask = cached_mask(mask, (*q.shape[:-1], past + k.size(2)), q.device)  # (n, T + n) or None
+        k, v = cache.update(k, v)  # (B, H_kv, T + n, d_k)
+    return q, k, v, mask

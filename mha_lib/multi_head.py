@@ -8,13 +8,12 @@ values have the same size here, ``d_k = d_model // num_heads``.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
-from .inference import KVCache, cached_mask, check_cache, check_num_kv_heads, repeat_kv
-from .positions import apply_rotary, check_rotary
+from .inference import KVCache, check_cache, check_num_kv_heads, repeat_kv, rotate_and_cache
+from .positions import check_rotary
 from .validation import check_heads, check_qkv  # check_qkv: also importable from here, as before
 
 __all__ = ["MultiHeadAttention", "check_qkv"]
@@ -103,12 +102,8 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        if self.rotary:  # RoPE: rotate queries and keys by their positions T, T + 1, ..., never the values
-            q = apply_rotary(q, torch.arange(past, past + q.size(2), device=q.device))  # (B, H, Lq, d_k)
-            k = apply_rotary(k, torch.arange(past, past + k.size(2), device=k.device))  # (B, H_kv, Lk, d_k)
-        if cache is not None:  # decoding: attend to every cached position, causally within the chunk
-            mask = cached_mask(mask, (*q.shape[:-1], past + k.size(2)), q.device)  # (n, T + n) or None
-            k, v = cache.update(k, v)  # (B, H_kv, T + n, d_k)
+        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 08, 09)
+        q, k, v, mask = rotate_and_cache(q, k, v, mask, rotary=self.rotary, cache=cache, past=past)
 
         # 3) every head attends on its own, in one batched call; a group of
         #    H // H_kv query heads shares each key/value head
