@@ -139,8 +139,9 @@ check_combine_heads(combine_heads)
 #   2. split each into heads with your `split_heads`;
 #   3. scaled dot-product attention in every head at once;
 #   4. combine the heads with your `combine_heads`;
-#   5. mix them with `W_o`; return the output `(B, Lq, d_model)`, or `(output, weights)` with the
-#      weights of every head, `(B, H, Lq, Lk)`, those the values were blended with.
+#   5. mix them with `W_o`; return the output `(B, Lq, d_model)`. You may return the pair
+#      `(output, weights)` instead, with the weights of every head, `(B, H, Lq, Lk)`, those the
+#      values were blended with: the check accepts both, and checks the weights when you return them.
 #
 # *Transformers in Action*'s listing 2.4 has the same structure, and one bug: it splits the
 # values with `self.d_v`, which it never defines. Don't copy that.

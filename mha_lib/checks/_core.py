@@ -45,13 +45,18 @@ def _verb(what: str, singular: str, plural: str) -> str:
     return plural if head in _PLURAL else singular
 
 
+def _article(noun: str) -> str:
+    """``an int``, ``a float``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _describe(value: Any) -> str:
     """What a value is, in a few words: ``a tuple of 3 (Tensor (2, 4), Tensor (2, 4), None)``."""
     if isinstance(value, Tensor):
         return f"Tensor {tuple(value.shape)}"
     if isinstance(value, (tuple, list)):
         parts = ", ".join(_describe(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
-        return f"a {type(value).__name__} of {len(value)} ({parts})"
+        return f"{_article(type(value).__name__)} of {len(value)} ({parts})"
     return "None" if value is None else type(value).__name__
 
 
@@ -74,9 +79,9 @@ def expect_tensor(value: Any, what: str, shape: Sequence[int], *, dtype: str | t
         raise fail(f"{what} {is_} {_describe(value)}, not a torch.Tensor of shape {shape}",
                    "Return one tensor; torch.stack or torch.cat join a list of tensors.")
     if not isinstance(value, Tensor):
-        raise fail(f"{what} {is_} a {type(value).__name__}, not a torch.Tensor")
+        raise fail(f"{what} {is_} {_article(type(value).__name__)}, not a torch.Tensor")
     if type(value) not in (Tensor, torch.nn.Parameter):
-        raise fail(f"{what} {is_} a {type(value).__name__}, a subclass of torch.Tensor; return a plain tensor")
+        raise fail(f"{what} {is_} {_article(type(value).__name__)}, a subclass of torch.Tensor; return a plain tensor")
     value = value.detach()
     if tuple(value.shape) != shape:
         raise fail(f"{what} {has} shape {tuple(value.shape)}, expected {shape}{explain}",
