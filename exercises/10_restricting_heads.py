@@ -138,12 +138,19 @@ x = torch.randn(2, 4, 8).to(device)  # (B, L, d_model)
 # %% [markdown]
 # ### 2.4 · A longer sentence
 #
-# Repeat 2.1 on a sentence of 9 words, with the words as the maps' axis labels: "the movie was
-# not bad but the ending was". Call `seed_everything(1)`, then make, **in this order**, a fresh
-# two-head module, `MultiHeadAttention(d_model=16, num_heads=2)`, and random embeddings,
-# `torch.randn(1, 9, 16)`: both draw from the same random generator, so the other order gives
-# other weights and other maps. Which keys does each head keep, which head gets the middle word
-# of this odd-length sentence, and what does that mean for "not" and "bad"?
+# Repeat 2.1 on a sentence of 9 words, "the movie was not bad but the ending was", with the
+# words as the maps' axis labels. The cell below makes what you need: after `seed_everything(1)`,
+# first a fresh two-head module `mha16`, then random embeddings `emb` for the words. Both draw
+# from the same random generator, so the other order would give other weights and other maps.
+# Run `mha16` on `emb` with and without the restriction and plot the four maps of the sentence.
+# Which keys does each head keep, which head gets the middle word of this odd-length sentence,
+# and what does that mean for "not" and "bad"?
+
+# %%
+sentence = "the movie was not bad but the ending was".split()
+seed_everything(1)
+mha16 = MultiHeadAttention(d_model=16, num_heads=2).to(device).eval().requires_grad_(False)  # first the module
+emb = torch.randn(1, len(sentence), 16).to(device)  # then the embeddings, (1, 9, 16)
 
 # %%
 # your code here

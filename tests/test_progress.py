@@ -103,7 +103,7 @@ def test_not_started_and_unreadable_notebooks_need_no_kernel(tmp_path, monkeypat
     broken = root / "workspace" / "01_dot_product_attention.ipynb"
     broken.write_text('{"cells": [{"cell_type": "code", "source": "def f(x):\n')  # saved mid-edit
     before = broken.read_bytes()
-    monkeypatch.setattr(progress, "_run", lambda *a: pytest.fail("no notebook should run"))
+    monkeypatch.setattr(progress.runner, "_run", lambda *a: pytest.fail("no notebook should run"))
     report = progress.check_workspace(root)
     first = [r for r in report.rows if r.chapter.startswith("01_")]
     assert len(first) == 1 and first[0].exercise is None and first[0].status == progress.UNREADABLE

@@ -1,154 +1,44 @@
-"""How far you are: ``make progress`` (or ``python -m mha_lib progress``).
+"""Running the learner's notebooks: each in a fresh kernel, collecting what its checks said.
 
-For every exercise notebook you have in ``workspace/``, run a copy of it in a fresh kernel
-(yours is never modified), collect what each check said, and print one line per
-exercise::
-
-    chapter                          exercise                          result
-    01 Attention from one dot pro…   1.1 Scores (warm-up)              ✅ passed
-                                     1.2 A causal mask                 ❌ the mask lets query 0 see key 1 …
-                                     1.3 A padding mask                ⏳ not implemented yet
-    02 Self-attention with one head  2.1 Self-attention with given …   not started (make exercise N=02)
-
-    1 of 22 exercises done.
-
-How it works. The list of exercises comes from the course's generated ``exercises/NN_*.ipynb``:
-each ``### Exercise N.M · Title`` heading and the check called under it (``check_x(...)``).
-Each of your notebooks runs top to bottom (up to its last check) with ``nbclient``, errors
-allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file: every
-check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
-(:func:`mha_lib.checks._core.log_result`). A notebook that raises, runs past the limit, or
-can't be read (half-edited JSON) gives a line in the table, never a traceback.
-
-This module imports neither PyTorch nor nbclient until a notebook runs, so
-``python -m mha_lib progress --help`` answers at once.
+A copy of each notebook in ``workspace/`` (the file is never written) runs top to bottom, up to
+its last check, with ``nbclient``: errors allowed, within a time limit, and with
+``MHA_CHECK_LOG`` naming a temporary file to which every check call appends one JSON line
+(:func:`mha_lib.checks._core.log_result`). Each cell is assigned to an exercise, and each
+exercise gets a verdict from its cells' check results and errors. PyTorch runs only in the
+kernels; nbformat and nbclient are imported only when a notebook is read or run.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .workspace import course_root
+from ..workspace import course_root
+from .exercises import EXERCISE_HEADING, TITLE_HEADING, Exercise, _source, check_calls, course_exercises
+from .results import (ERROR, FAILED, NO_CHECK, NOT_IMPLEMENTED, NOT_RUN, NOT_STARTED, PASSED, TIMED_OUT,
+                      UNREADABLE, Report, Row, _clip, _one_line)
 
-__all__ = ["Exercise", "Row", "course_exercises", "check_workspace", "render", "main"]
+if TYPE_CHECKING:  # nbformat is imported only when a notebook is read
+    from nbformat import NotebookNode
+
+__all__ = ["DEFAULT_TIMEOUT", "check_workspace"]
 
 DEFAULT_TIMEOUT = 120  # seconds of running cells, per notebook (the kernel's start is not counted)
 
-PASSED, NOT_IMPLEMENTED, FAILED, ERROR = "passed", "not implemented", "failed", "error"
-# What a row can say besides a check's own status.
-NOT_STARTED, NO_CHECK, TIMED_OUT, NOT_RUN, UNREADABLE = (
-    "not started", "no check", "timed out", "not run", "unreadable")
-ICONS = {PASSED: "✅", NOT_IMPLEMENTED: "⏳", FAILED: "❌", ERROR: "💥", TIMED_OUT: "⌛",
-         NO_CHECK: "❓", NOT_RUN: "⏸", UNREADABLE: "💥", NOT_STARTED: ""}
-
-EXERCISE_HEADING = re.compile(r"^#{1,6}\s*Exercise\s+(\d+\.\d+)\s*[·:.-]\s*(.+?)\s*$", re.M)
-TITLE_HEADING = re.compile(r"^#\s+(.+?)\s*$", re.M)
-
-
-@dataclass(frozen=True)
-class Exercise:
-    chapter: str  # the notebook's stem: "01_dot_product_attention"
-    number: str  # "1.2"
-    title: str  # "A causal mask"
-    checks: tuple[str, ...]  # the check functions called under its heading
-
-
-@dataclass
-class Row:
-    """One line of the table: an exercise (or, for ``exercise=None``, a whole notebook)."""
-
-    chapter: str
-    exercise: Exercise | None
-    status: str
-    message: str = ""
-
-    @property
-    def done(self) -> bool:
-        return self.status == PASSED
-
-
-@dataclass
-class Report:
-    rows: list[Row]
-    exercises: int  # how many the course has
-    notebooks_run: int = 0
-    seconds: float = 0.0
-    chapter_titles: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def done(self) -> int:
-        return sum(row.done for row in self.rows)
-
-
-# ------------------------------------------------------------------ reading notebooks
-
-def _source(cell: dict) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else str(source)
-
-
-def check_calls(code: str) -> list[str]:
-    """The ``check_*`` functions called in a code cell, in order (imports don't count)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:  # IPython magics, or the learner's half-written code
-        lines = [line for line in code.splitlines() if not re.match(r"\s*(from|import)\s", line)]
-        return re.findall(r"(?<![\w.])(check_\w+)\s*\(", "\n".join(lines))
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    calls.sort(key=lambda node: (node.lineno, node.col_offset))
-    names = []
-    for node in calls:
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if name.startswith("check_"):
-            names.append(name)
-    return names
-
-
-def notebook_title(cells: Iterable[dict], fallback: str) -> str:
-    """"Attention from one dot product" from "# Exercises · Chapter 01 · Attention from one dot product"."""
-    for cell in cells:
-        if cell.get("cell_type") == "markdown":
-            match = TITLE_HEADING.search(_source(cell))
-            if match:
-                return re.split(r"\s+·\s+", match.group(1))[-1].replace("`", "")
-    return fallback
-
-
-def course_exercises(root: Path) -> tuple[dict[str, list[Exercise]], dict[str, str]]:
-    """``({chapter stem: [Exercise, ...]}, {chapter stem: title})`` from ``exercises/NN_*.ipynb``."""
-    exercises: dict[str, list[Exercise]] = {}
-    titles: dict[str, str] = {}
-    for path in sorted((root / "exercises").glob("[0-9][0-9]_*.ipynb")):
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        titles[path.stem] = notebook_title(cells, path.stem[3:].replace("_", " "))
-        found: list[list] = []  # [number, title, [checks]]
-        for cell in cells:
-            if cell["cell_type"] == "markdown":
-                found += [[m.group(1), m.group(2), []] for m in EXERCISE_HEADING.finditer(_source(cell))]
-            elif cell["cell_type"] == "code" and found:
-                found[-1][2].extend(check_calls(_source(cell)))
-        exercises[path.stem] = [Exercise(path.stem, n, t.replace("`", ""), tuple(dict.fromkeys(c)))
-                                for n, t, c in found]
-    return exercises, titles
-
-
-# ------------------------------------------------------------- running one notebook
 
 @dataclass
 class _Outcome:
+    """What the cells of one exercise did while its notebook ran."""
+
     records: list[dict] = field(default_factory=list)  # the check's JSON lines
     errors: list[str] = field(default_factory=list)  # "cell 5 raised NameError: ..."
     check_cells: int = 0
@@ -182,19 +72,20 @@ def _assign_cells(cells: list[dict], exercises: list[Exercise]) -> list[Exercise
 
 
 def _error_line(output: dict) -> str:
+    """An error output in one line: ``"NameError: name 'x' is not defined"``."""
     lines = str(output.get("evalue", "")).strip().splitlines()
     # "(2878884339.py, line 1)": the kernel's name for the cell means nothing to the learner.
     value = re.sub(r"\(\S+\.py, (line \d+)\)", r"(\1)", lines[0]) if lines else ""
     return f"{output.get('ename', 'Error')}: {value}".strip().rstrip(":")
 
 
-def _cell(cell) -> str:
+def _cell(cell: NotebookNode) -> str:
     """How the learner finds a cell: its first line (JupyterLab shows no cell numbers)."""
     first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
     return f'the cell "{_clip(first, 40)}"'
 
 
-def _run(nb, workspace: Path, owners: list[Exercise | None], timeout: float,
+def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeout: float,
          outcomes: dict[str, _Outcome]) -> Row | None:
     """Run the notebook's cells up to its last check, in one fresh kernel, and fill in
     ``outcomes``. Returns a row for the whole notebook when the run stopped outside every
@@ -300,11 +191,9 @@ def _verdict(exercise: Exercise, outcome: _Outcome) -> tuple[str, str]:
     return NO_CHECK, "the check cell ran but printed no result"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> list[Row]:
+    """The rows of one notebook of ``workspace/``: one per exercise, after a row for the whole
+    notebook when it could not be read or run (or stopped above the exercises)."""
     chapter = path.stem
     try:
         import nbformat
@@ -366,49 +255,3 @@ def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
             on_notebook(copy.name, time.perf_counter() - began)
     report.seconds = time.perf_counter() - start
     return report
-
-
-# ------------------------------------------------------------------------- the table
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def render(report: Report, width: int | None = None) -> str:
-    """The table, and the total. ``width`` clips the result column (a terminal's width)."""
-    head = ("chapter", "exercise", "result")
-    lines = []
-    last = None
-    for row in report.rows:
-        chapter = "" if row.chapter == last else \
-            f"{row.chapter[:2]} {report.chapter_titles.get(row.chapter, row.chapter[3:])}"
-        last = row.chapter
-        exercise = f"{row.exercise.number} {row.exercise.title}" if row.exercise else "(the whole notebook)"
-        icon = ICONS.get(row.status, "")
-        lines.append((_clip(chapter, 34), _clip(exercise, 42), f"{icon} {row.message}".strip()))
-    w0 = max([len(head[0])] + [len(a) for a, _, _ in lines])
-    w1 = max([len(head[1])] + [len(b) for _, b, _ in lines])
-    out = []
-    for a, b, c in [head, *lines]:
-        line = f"{a:<{w0}}  {b:<{w1}}  {c}"
-        # An icon takes two columns in a terminal: one to spare, so that no line wraps.
-        out.append(_clip(line, width - 1) if width else line)
-    total = f"{report.done} of {report.exercises} exercises done."
-    if report.notebooks_run:
-        total += (f" Ran {report.notebooks_run} notebook{'s' * (report.notebooks_run != 1)} from workspace/ "
-                  f"in {report.seconds:.0f} s (your files are not modified).")
-    else:
-        total += " You have no exercise notebook in workspace/ yet: start one with `make exercise N=01`."
-    return "\n".join(out + ["", total])
-
-
-def main(chapters: Iterable[str] = (), timeout: float = DEFAULT_TIMEOUT, root: Path | None = None) -> int:
-    def say(name: str, seconds: float) -> None:
-        print(f"  ran workspace/{name} in {seconds:.1f} s", file=sys.stderr, flush=True)
-
-    report = check_workspace(root, timeout=timeout, chapters=chapters, on_notebook=say)
-    if report.notebooks_run:
-        print(file=sys.stderr)
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    print(render(report, width))
-    return 0

@@ -1,0 +1,43 @@
+"""How far you are: ``make progress`` (or ``python -m mha_lib progress``).
+
+For every exercise notebook you have in ``workspace/``, run a copy of it in a fresh kernel
+(yours is never modified), collect what each check said, and print one line per
+exercise::
+
+    chapter                          exercise                          result
+    01 Attention from one dot pro…   1.1 Scores (warm-up)              ✅ passed
+                                     1.2 A causal mask                 ❌ the mask lets query 0 see key 1 …
+                                     1.3 A padding mask                ⏳ not implemented yet
+    02 Self-attention with one head  2.1 Self-attention with given …   not started (make exercise N=02)
+
+    1 of 22 exercises done.
+
+How it works. The list of exercises comes from the course's generated ``exercises/NN_*.ipynb``:
+each ``### Exercise N.M · Title`` heading and the check called under it (``check_x(...)``).
+Each of your notebooks runs top to bottom (up to its last check) with ``nbclient``, errors
+allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file: every
+check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
+(:func:`mha_lib.checks._core.log_result`). A notebook that raises, runs past the limit, or
+can't be read (half-edited JSON) gives a line in the table, never a traceback.
+
+The package, by job: :mod:`~mha_lib.progress.exercises` reads the table of exercises from
+``exercises/``, :mod:`~mha_lib.progress.runner` runs one notebook and collects its checks'
+results, :mod:`~mha_lib.progress.results` holds the statuses and the rows, and
+:mod:`~mha_lib.progress.table` prints the table (the command line). It imports neither PyTorch
+nor nbclient until a notebook runs, so ``python -m mha_lib progress --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+from .exercises import EXERCISE_HEADING, TITLE_HEADING, Exercise, check_calls, course_exercises, notebook_title
+from .results import (ERROR, FAILED, ICONS, NO_CHECK, NOT_IMPLEMENTED, NOT_RUN, NOT_STARTED, PASSED, TIMED_OUT,
+                      UNREADABLE, Report, Row)
+from .runner import DEFAULT_TIMEOUT, check_workspace
+from .runner import _assign_cells  # noqa: F401 - the tests check which exercise each cell belongs to
+from .table import main, render
+
+__all__ = ["Exercise", "Row", "course_exercises", "check_workspace", "render", "main",
+           # also here, as in the one module this package once was:
+           "DEFAULT_TIMEOUT", "Report", "check_calls", "notebook_title", "EXERCISE_HEADING", "TITLE_HEADING",
+           "ICONS", "PASSED", "NOT_IMPLEMENTED", "FAILED", "ERROR",
+           "NOT_STARTED", "NO_CHECK", "TIMED_OUT", "NOT_RUN", "UNREADABLE"]

@@ -1,0 +1,59 @@
+"""The table of :mod:`mha_lib.progress` as text, and the ``python -m mha_lib progress`` command.
+
+``python -m mha_lib`` parses the command line (:mod:`mha_lib.__main__`) and calls :func:`main`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from .results import ICONS, Report, _clip
+from .runner import DEFAULT_TIMEOUT, check_workspace
+
+__all__ = ["main", "render"]
+
+
+def render(report: Report, width: int | None = None) -> str:
+    """The table, and the total. ``width`` clips the result column (a terminal's width)."""
+    head = ("chapter", "exercise", "result")
+    lines = []
+    last = None
+    for row in report.rows:
+        chapter = "" if row.chapter == last else \
+            f"{row.chapter[:2]} {report.chapter_titles.get(row.chapter, row.chapter[3:])}"
+        last = row.chapter
+        exercise = f"{row.exercise.number} {row.exercise.title}" if row.exercise else "(the whole notebook)"
+        icon = ICONS.get(row.status, "")
+        lines.append((_clip(chapter, 34), _clip(exercise, 42), f"{icon} {row.message}".strip()))
+    w0 = max([len(head[0])] + [len(a) for a, _, _ in lines])
+    w1 = max([len(head[1])] + [len(b) for _, b, _ in lines])
+    out = []
+    for a, b, c in [head, *lines]:
+        line = f"{a:<{w0}}  {b:<{w1}}  {c}"
+        # An icon takes two columns in a terminal: one to spare, so that no line wraps.
+        out.append(_clip(line, width - 1) if width else line)
+    total = f"{report.done} of {report.exercises} exercises done."
+    if report.notebooks_run:
+        total += (f" Ran {report.notebooks_run} notebook{'s' * (report.notebooks_run != 1)} from workspace/ "
+                  f"in {report.seconds:.0f} s (your files are not modified).")
+    else:
+        total += " You have no exercise notebook in workspace/ yet: start one with `make exercise N=01`."
+    return "\n".join(out + ["", total])
+
+
+def main(chapters: Iterable[str] = (), timeout: float = DEFAULT_TIMEOUT, root: Path | None = None) -> int:
+    """Run the notebooks of ``workspace/`` (of ``chapters`` only, if given), print the table
+    to stdout and the progress to stderr; exit status 0 whatever the results."""
+
+    def say(name: str, seconds: float) -> None:
+        print(f"  ran workspace/{name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+
+    report = check_workspace(root, timeout=timeout, chapters=chapters, on_notebook=say)
+    if report.notebooks_run:
+        print(file=sys.stderr)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print(render(report, width))
+    return 0
