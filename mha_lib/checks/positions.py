@@ -121,8 +121,8 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
             out = expect_tensor(out, f"the output {where}", (B, H, L, d_k), explain=" (B, H, L, d_k)")
             pos = torch.arange(L)
 
-            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask) -> Tensor:
-                return reference_attend(q_, k_, v_, m)[0]
+            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask, scale: float | None = None) -> Tensor:
+                return reference_attend(q_, k_, v_, m, scale=scale)[0]
 
             expected = attend(rotate(q, pos), rotate(k, pos), v)
             if close(out, expected):
@@ -142,6 +142,9 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
                                 rotate(k, pos, pairing="interleaved", output="interleaved"), v), CONVENTION),
                 ("the mask was ignored", lambda: attend(rotate(q, pos), rotate(k, pos), v, None),
                  "Pass the mask on to the attention: scaled_dot_product_attention(q, k, v, mask)."),
+                ("the rotation is right, but the scores were not divided by √d_k",
+                 lambda: attend(rotate(q, pos), rotate(k, pos), v, scale=1.0),
+                 "Attend with scaled_dot_product_attention(q, k, value, mask): it divides the scores by √d_k."),
             ], f"the output is wrong {where}",
                 "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then attend.")
         return f"correct on {len(cases)} cases (with and without a causal mask)"
