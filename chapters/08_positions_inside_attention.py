@@ -16,10 +16,11 @@
 # %% [markdown]
 # # Chapter 08 · Positions inside attention
 #
-# Chapter 02 ended on a problem it left open: attention alone cannot tell "the dog bit the man"
-# from "the man bit the dog". Shuffle the tokens and every output shuffles with them, nothing
-# more. A model learns word order only if positions are put in from outside. This chapter shows
-# the two ways that are used: **added** positions, a vector per position summed into the
+# Chapter 02 ended on a problem: attention alone cannot tell "the dog bit the man" from "the man
+# bit the dog". Shuffle the tokens and every output shuffles with them, nothing more. A model
+# learns word order only if positions are put in from outside; chapter 02 added random vectors
+# to show that this breaks the symmetry, and left open which vectors real models use. This
+# chapter shows the two ways that are used: **added** positions, a vector per position summed into the
 # embeddings before the first layer (the original transformer, and chapter 06's sentiment model),
 # and **rotary** positions (RoPE), which rotate every head's queries and keys inside every layer,
 # the choice of LLaMA, Mistral, Qwen and most open language models today.
