@@ -84,6 +84,14 @@ def rope_rotate_half(x, positions):
     return (x * emb.cos() + rotated_half * emb.sin()).to(x.dtype)
 
 
+def rope_float32_angles(x, positions):
+    """Right rotation, but integer positions times float32 frequencies: float32 angles for a float64 x."""
+    half = x.size(-1) // 2
+    angle = positions[:, None] * 10000 ** (-2 * torch.arange(half) / x.size(-1))  # float32
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1)
+
+
 def test_apply_rotary_passes_right_answers():
     expect_pass(checks.check_apply_rotary(rope))
     expect_pass(checks.check_apply_rotary(rope_rotate_half))
@@ -96,6 +104,7 @@ def test_apply_rotary_passes_right_answers():
     (lambda x, p: rope(x, p, exponent=1.0), ("factor 2 is missing",)),
     (lambda x, p: rope(x, p, interleave_out=True), ("written back interleaved", "torch.cat")),
     (lambda x, p: x.clone(), ("nothing was rotated",)),
+    (lambda x, p: rope_float32_angles(x, p), ("angles were computed in float32", "dtype=x.dtype")),
 ])
 def test_apply_rotary_names_the_mistake(wrong, words):
     expect_fail(checks.check_apply_rotary(wrong), *words)
