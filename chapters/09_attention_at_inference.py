@@ -152,11 +152,11 @@ for rotary in (False, True):
 # (`d_model = 512`, 8 heads, batch 1; chapter 07's `EfficientMultiHeadAttention`, which takes
 # `cache=` too) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
-# of three runs. On the machine this course was written on (2 CPU cores shared with other work,
-# one thread) it measured 4.3 s recomputing against 0.34 s with the cache, **12.5× faster**, at a
-# busy moment, and 2.2 s against 0.09 s, 26×, at a quieter one. With two threads at the busy
-# moment it measured only 4.5×: a cached step is a dozen tiny operations whose time is mostly
-# overhead, and threads that wait for each other add to it. So these are measurements on one
+# of three runs. On the machine this course was written on (2 CPU cores shared with other work)
+# it measured, with one thread, 4.3 s recomputing against 0.34 s with the cache, **12.5× faster**,
+# at a busy moment, and 2.2 s against 0.09 s, 26×, at a quieter one; with two threads, anything
+# from 4.5× to 17×: a cached step is a dozen tiny operations whose time is mostly overhead, and
+# two threads waiting for each other on busy cores add to it. So these are measurements on one
 # machine, not a promise: yours (more cores, a GPU, another PyTorch) will give other numbers; run
 # the command to get them. What holds everywhere is the trend: the longer the text, the larger
 # the gap, since recomputing grows like `L²` in projections and the cache like `L`.
