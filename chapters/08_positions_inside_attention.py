@@ -16,10 +16,11 @@
 # %% [markdown]
 # # Chapter 08 · Positions inside attention
 #
-# Chapter 02 ended on a problem it left open: attention alone cannot tell "the dog bit the man"
-# from "the man bit the dog". Shuffle the tokens and every output shuffles with them, nothing
-# more. A model learns word order only if positions are put in from outside. This chapter shows
-# the two ways that are used: **added** positions, a vector per position summed into the
+# Chapter 02 ended on a problem: attention alone cannot tell "the dog bit the man" from "the man
+# bit the dog". Shuffle the tokens and every output shuffles with them, nothing more. A model
+# learns word order only if positions are put in from outside; chapter 02 added random vectors
+# to show that this breaks the symmetry, and left open which vectors real models use. This
+# chapter shows the two ways that are used: **added** positions, a vector per position summed into the
 # embeddings before the first layer (the original transformer, and chapter 06's sentiment model),
 # and **rotary** positions (RoPE), which rotate every head's queries and keys inside every layer,
 # the choice of LLaMA, Mistral, Qwen and most open language models today.
@@ -54,8 +55,8 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from mha_lib import (MultiHeadAttention, apply_rotary, combine_heads, get_device, scaled_dot_product_attention,
-                     seed_everything, sinusoidal_positions, split_heads)
+from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, combine_heads, get_device,
+                     scaled_dot_product_attention, seed_everything, sinusoidal_positions, split_heads)
 
 device = get_device()
 seed_everything(0)
@@ -123,7 +124,7 @@ image = ax.imshow(table.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
 ax.set_xlabel("position")
 ax.set_ylabel("feature (sin, cos, sin, ...)")
 ax.set_title("Sinusoidal positions, d_model = 64: fast pairs at the top, slow ones at the bottom")
-fig.colorbar(image, ax=ax, fraction=0.03)
+fig.colorbar(image, ax=ax, fraction=0.03, label="value of the feature")
 plt.show()
 
 # %% [markdown]
@@ -167,7 +168,8 @@ print("learned position table:", tuple(learned.weight.shape), f"= {learned.weigh
 
 # %% [markdown]
 # Either way, added positions reach attention only through the projections: the score between
-# a query at position `i` and a key at `j` is $(W_q(x_i + p_i)) \cdot (W_k(x_j + p_j))$, which
+# a query at position `i` and a key at `j` is $(W_q(x_i + p_i)) \cdot (W_k(x_j + p_j))$ (here summed
+# over the heads and before the division by $\sqrt{d_k}$, which changes nothing below), which
 # mixes what the tokens *are* with *where* they are. It depends on `i` and `j` themselves,
 # not only on how far apart they are. Put the same two words four positions apart at the start
 # of the sequence and again further on: the score changes.
@@ -190,7 +192,7 @@ assert max(scores) - min(scores) > 0.1
 #
 # Su et al. ask for the opposite: a score that sees **only the offset** `i - j`. The idea fits
 # in two dimensions. Rotate the query by the angle $i\theta$ and the key by $j\theta$. A rotation
-# keeps lengths, and the angle between the two vectors grows by $(i - j)\theta$; so their dot
+# keeps lengths, and the angle between the two vectors changes by $(i - j)\theta$; so their dot
 # product, $|q|\,|k| \cos(\text{angle})$, depends on `i - j` and nothing else:
 #
 # $$\big(R(i\theta)\,q\big) \cdot \big(R(j\theta)\,k\big) = q \cdot R\big((j - i)\theta\big)\,k.$$
@@ -202,8 +204,11 @@ def rotate_2d(v: torch.Tensor, angle: float) -> torch.Tensor:
 
 
 q2, k2, theta = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0]), 0.3
+scores_2d = []
 for i, j in [(3, 1), (10, 8), (52, 50)]:
-    print(f"query at {i:2d}, key at {j:2d} (offset {i - j}): score {rotate_2d(q2, i * theta) @ rotate_2d(k2, j * theta):.4f}")
+    scores_2d.append(rotate_2d(q2, i * theta) @ rotate_2d(k2, j * theta))
+    print(f"query at {i:2d}, key at {j:2d} (offset {i - j}): score {scores_2d[-1]:.4f}")
+assert torch.allclose(torch.stack(scores_2d), scores_2d[0].expand(3), atol=1e-5)
 
 # %% [markdown]
 # A head's `d_k` features are cut into `d_k / 2` such pairs, and pair `i` turns with its own
@@ -276,8 +281,9 @@ print("scores:", tuple(scores_0.shape), " unchanged when all positions move by 1
 # What does RoPE do to the scores as the offset grows? Take a query and a key that point the same
 # way (all ones, `d_k = 64`): at offset 0 the score is `64`. As the offset grows, the fast pairs
 # turn away and stop contributing, while the slow pairs still agree; the score falls and
-# oscillates lower, which Su et al. call the *long-term decay*. A random pair of vectors has no
-# such trend; its score just wanders with the offset.
+# oscillates lower, which Su et al. call the *long-term decay*. For a random pair of vectors there
+# is no such trend to expect (its score averages 0 over random draws, at every offset); one draw
+# just wanders around 0 with the offset.
 
 # %%
 d_plot, max_offset = 64, 512
@@ -292,7 +298,7 @@ image = left.imshow(S.cpu().numpy(), cmap="RdBu")
 left.set_title("one q and one k at every position:\nthe score S[i, j] depends on i - j only")
 left.set_xlabel("key position j")
 left.set_ylabel("query position i")
-fig.colorbar(image, ax=left, fraction=0.046)
+fig.colorbar(image, ax=left, fraction=0.046, label="score S[i, j]")
 right.plot(offsets, same_way, label="q = k = all ones")
 right.plot(offsets, random_pair, label="a random q and k", alpha=0.7)
 right.axhline(0, color="grey", lw=0.5)
@@ -300,7 +306,7 @@ right.set_xlabel("offset i - j")
 right.set_ylabel("score q·k after RoPE")
 right.set_title("the score over the offset (d_k = 64)")
 right.legend()
-plt.tight_layout()
+plt.tight_layout(w_pad=4)
 plt.show()
 
 # %%
@@ -358,18 +364,40 @@ print("q, k per head:", tuple(q_h.shape), " output:", tuple(from_module.shape))
 print("hand-written rotary forward == MultiHeadAttention(rotary=True) (within 1e-5)")
 
 # %% [markdown]
-# Positions are needed to decide **where to look**, and that is all the scores do. The values are
-# **what gets handed over**: if they were rotated, the same token would hand over a different
-# vector depending on where it sits, the output would carry absolute positions again, and the
-# shift property of section 4 would be lost. The module leaves them alone; rotating them too
-# changes the output:
+# Chapter 07's `EfficientMultiHeadAttention` takes the same `rotary=True`, and `from_module`
+# carries it over with the weights, so the fused module computes the same rotary function:
 
 # %%
+fused = EfficientMultiHeadAttention.from_module(rot).eval()
 with torch.no_grad():
-    heads_v, _ = scaled_dot_product_attention(q_h, k_h, apply_rotary(v_h))
-    v_rotated_too = rot.W_o(combine_heads(heads_v))
-assert not torch.allclose(v_rotated_too, from_module, atol=1e-3)
-print("values rotated too == the module:", torch.allclose(v_rotated_too, from_module, atol=1e-3))
+    same_function = torch.allclose(fused(x, x, x), from_module, atol=1e-5)
+assert fused.rotary and same_function
+print("EfficientMultiHeadAttention.from_module(rot): rotary =", fused.rotary, "  same outputs (within 1e-5):",
+      same_function)
+
+# %% [markdown]
+# Positions are needed to decide **where to look**, and that is all the scores do. The values are
+# **what gets handed over**: if they were rotated, the same token would hand over a different
+# vector depending on where it sits, and the output would carry absolute positions again.
+# The experiment: number the same six tokens `100 .. 105` instead of `0 .. 5`. With the values
+# left alone (the module's way) the heads' outputs do not change, since the scores of section 4
+# do not; with the values rotated too, they do.
+
+# %%
+def rotary_heads(q_h, k_h, v_h, positions, rotate_values):
+    """(B, H, L, d_k) each -> (B, H, L, d_k): attention with RoPE at the given positions."""
+    v_h = apply_rotary(v_h, positions) if rotate_values else v_h
+    return scaled_dot_product_attention(apply_rotary(q_h, positions), apply_rotary(k_h, positions), v_h)[0]
+
+
+with torch.no_grad():
+    q_raw, k_raw = split_heads(rot.W_q(x), H), split_heads(rot.W_k(x), H)  # (B, H, L, d_k), not rotated
+    for rotate_values in (False, True):
+        at_0 = rotary_heads(q_raw, k_raw, v_h, positions, rotate_values)
+        at_100 = rotary_heads(q_raw, k_raw, v_h, positions + 100, rotate_values)
+        unchanged = torch.allclose(at_0, at_100, atol=1e-5)
+        assert unchanged == (not rotate_values)
+        print(f"values rotated: {rotate_values!s:5}  output the same at positions 0..5 and 100..105: {unchanged}")
 
 # %% [markdown]
 # And the rotary module sees order: shuffle the tokens and the outputs are no longer the old

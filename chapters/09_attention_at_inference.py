@@ -49,10 +49,12 @@
 # %%
 import matplotlib.pyplot as plt
 import torch
+import torch.nn.functional as F
 
-from mha_lib import (KVCache, MultiHeadAttention, causal_mask, get_device, kv_cache_bytes, plot_attention, repeat_kv,
-                     seed_everything, sliding_window_mask)
+from mha_lib import (KVCache, MultiHeadAttention, causal_mask, combine_heads, get_device, kv_cache_bytes, plot_attention,
+                     repeat_kv, seed_everything, sliding_window_mask, split_heads)
 from mha_lib import decode_bench
+from mha_lib.efficient import SDPA_HAS_GQA  # whether this PyTorch's F.scaled_dot_product_attention has enable_gqa
 
 device = get_device()
 seed_everything(0)
@@ -147,15 +149,22 @@ for rotary in (False, True):
 
 # %% [markdown]
 # How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
-# (`d_model = 512`, 8 heads, batch 1) and checks that they agree. The notebook decodes 48 tokens
-# to stay quick. `python -m mha_lib.decode_bench --threads 1` decodes 256 and reports the fastest
-# of three runs; on the course's 2-core CPU machine it measured 4.3 s recomputing and 0.34 s with
-# the cache, **12.5× faster**. The longer the text, the larger the gap: recomputing grows like
-# `L²` in projections, the cache like `L`.
+# (`d_model = 512`, 8 heads, batch 1; chapter 07's `EfficientMultiHeadAttention`, which takes
+# `cache=` too) and checks that they agree. The notebook decodes 48 tokens
+# to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
+# of three runs. On the machine this course was written on (2 CPU cores shared with other work)
+# it measured, with one thread, 4.3 s recomputing against 0.34 s with the cache, **12.5× faster**,
+# at a busy moment, and 2.2 s against 0.09 s, 26×, at a quieter one; with two threads, anything
+# from 4.5× to 17×: a cached step is a dozen tiny operations whose time is mostly overhead, and
+# two threads waiting for each other on busy cores add to it. So these are measurements on one
+# machine, not a promise: yours (more cores, a GPU, another PyTorch) will give other numbers; run
+# the command to get them. What holds everywhere is the trend: the longer the text, the larger
+# the gap, since recomputing grows like `L²` in projections and the cache like `L`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (timings vary from run to run and machine to machine; the asserts hold everywhere)
+# (timings vary from run to run and machine to machine; the asserts hold everywhere: the two ways agree,
+# and even at 48 tokens the cache is faster)
 result = decode_bench.decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
 print(decode_bench.format_result(result))
 assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
@@ -249,6 +258,24 @@ print("GQA (2 key/value heads) == 8-head MHA with tied key/value heads (within 1
 print("weights:", tuple(w_gqa.shape), " (B, H, Lq, Lk): still one map per query head")
 
 # %% [markdown]
+# And it is the grouping PyTorch itself uses: the same projections, then
+# `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` with 8 query heads and 2 key/value
+# heads (PyTorch 2.5 and later; on an older one, `repeat_kv` first), give the module's output.
+
+# %%
+with torch.no_grad():
+    q_h = split_heads(gqa.W_q(x), H)  # (B, 8, L, d_k)
+    k_h, v_h = split_heads(gqa.W_k(x), 2), split_heads(gqa.W_v(x), 2)  # (B, 2, L, d_k) each
+    if SDPA_HAS_GQA:
+        heads = F.scaled_dot_product_attention(q_h, k_h, v_h, enable_gqa=True)  # (B, 8, L, d_k)
+    else:
+        heads = F.scaled_dot_product_attention(q_h, repeat_kv(k_h, n_rep), repeat_kv(v_h, n_rep))
+    pytorch_gqa = gqa.W_o(combine_heads(heads))  # (B, L, d_model)
+assert torch.allclose(pytorch_gqa, out_gqa, atol=1e-5)
+print("q:", tuple(q_h.shape), " k, v:", tuple(k_h.shape), " ->", tuple(pytorch_gqa.shape))
+print("GQA module == PyTorch's F.scaled_dot_product_attention(enable_gqa=True) (within 1e-5)")
+
+# %% [markdown]
 # The memory saving is exactly `H_kv / H`. For the 7B-class model of section 3, and measured on
 # the book's layer after 16 tokens (each decoded with a cache and checked against the full
 # causal forward):
@@ -288,8 +315,10 @@ assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measure
 L_plot, window = 10, 4
 masks = torch.stack([causal_mask(L_plot), sliding_window_mask(L_plot, window)]).float()  # (2, L, L)
 labels = [f"t{i}" for i in range(L_plot)]
-plot_attention(masks, labels, head_titles=["causal: all the past", f"sliding window of {window}"],
-               title="Who may attend to whom (rows: queries, columns: keys)", annotate=False)
+fig = plot_attention(masks, labels, head_titles=["causal: all the past", f"sliding window of {window}"],
+                     title="Who may attend to whom (rows: queries, columns: keys)", annotate=False)
+fig.axes[-1].set_yticks([0, 1])  # the colour bar: a mask has two values only
+fig.axes[-1].set_ylabel("1 = may attend, 0 = blocked")
 plt.show()
 
 # %% [markdown]
@@ -322,7 +351,7 @@ with torch.no_grad():
             cache.keys, cache.values = cache.keys[..., -(window - 1):, :], cache.values[..., -(window - 1):, :]
         steps.append(decode_step(win, x[:, t : t + 1], cache))
         largest = max(largest, len(cache))
-assert torch.allclose(torch.cat(steps, dim=1), reference, atol=1e-5)
+assert torch.allclose(torch.cat(steps, dim=1), reference, atol=1e-5) and largest == window
 print(f"a rolling cache of at most {largest} positions == the windowed forward (within 1e-5)")
 
 # %% [markdown]

@@ -47,13 +47,14 @@ from mha_lib.checks import check_apply_rotary, check_rotary_attention
 #
 # <details><summary>Hint 1</summary>
 #
-# `theta = 10000 ** (-2 * torch.arange(d_k // 2) / d_k)` has shape `(d_k/2,)`;
+# `theta = 10000 ** (-2 * torch.arange(d_k // 2, dtype=x.dtype) / d_k)` has shape `(d_k/2,)`;
 # `positions[:, None] * theta` gives every angle, `(L, d_k/2)`, which broadcasts against
 # `x[..., :d_k//2]` of shape `(..., L, d_k/2)`.
 # </details>
 # <details><summary>Hint 2</summary>
 #
-# Do the arithmetic in `x`'s dtype: `positions.to(x.dtype)`. Join the two rotated halves with
+# Do the arithmetic in `x`'s dtype (the check uses float64 and compares to its precision): the
+# `dtype=x.dtype` of `theta` above, and `positions.to(x.dtype)`. Join the two rotated halves with
 # `torch.cat([..., ...], dim=-1)`.
 # </details>
 

@@ -84,6 +84,14 @@ def rope_rotate_half(x, positions):
     return (x * emb.cos() + rotated_half * emb.sin()).to(x.dtype)
 
 
+def rope_float32_angles(x, positions):
+    """Right rotation, but integer positions times float32 frequencies: float32 angles for a float64 x."""
+    half = x.size(-1) // 2
+    angle = positions[:, None] * 10000 ** (-2 * torch.arange(half) / x.size(-1))  # float32
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1)
+
+
 def test_apply_rotary_passes_right_answers():
     expect_pass(checks.check_apply_rotary(rope))
     expect_pass(checks.check_apply_rotary(rope_rotate_half))
@@ -96,6 +104,7 @@ def test_apply_rotary_passes_right_answers():
     (lambda x, p: rope(x, p, exponent=1.0), ("factor 2 is missing",)),
     (lambda x, p: rope(x, p, interleave_out=True), ("written back interleaved", "torch.cat")),
     (lambda x, p: x.clone(), ("nothing was rotated",)),
+    (lambda x, p: rope_float32_angles(x, p), ("angles were computed in float32", "dtype=x.dtype")),
 ])
 def test_apply_rotary_names_the_mistake(wrong, words):
     expect_fail(checks.check_apply_rotary(wrong), *words)
@@ -128,6 +137,15 @@ def rotary_attention_sdpa(query, key, value, mask=None):
     return F.scaled_dot_product_attention(q, k, value, attn_mask=mask)
 
 
+def unscaled_rotary_attention(query, key, value, mask=None):
+    pos = torch.arange(query.size(-2))
+    q, k = mha_lib.apply_rotary(query, pos), mha_lib.apply_rotary(key, pos)
+    scores = q @ k.transpose(-2, -1)  # the division by sqrt(d_k) forgotten
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ value
+
+
 def test_rotary_attention_passes_right_answers():
     expect_pass(checks.check_rotary_attention(rotary_attention))
     expect_pass(checks.check_rotary_attention(rotary_attention_sdpa))  # one tensor, not a pair
@@ -139,6 +157,7 @@ def test_rotary_attention_passes_right_answers():
     (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_q=False), ("only the keys",)),
     (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, rotate_q=False, rotate_k=False), ("nothing was rotated",)),
     (lambda q, k, v, mask=None: rotary_attention(q, k, v, mask, use_mask=False), ("mask was ignored",)),
+    (lambda q, k, v, mask=None: unscaled_rotary_attention(q, k, v, mask), ("not divided by √d_k",)),
 ])
 def test_rotary_attention_names_the_mistake(wrong, words):
     expect_fail(checks.check_rotary_attention(wrong), *words)
@@ -182,7 +201,8 @@ def _window(L, w, low=0, high=None, causal=True):
 @pytest.mark.parametrize(("wrong", "words"), [
     (lambda L, w: _window(L, w, high=w + 1), ("off by one", "window + 1 keys")),
     (lambda L, w: _window(L, w, high=w - 1), ("off by one", "window - 1 keys")),
-    (lambda L, w: _window(L, w, low=1, high=w + 1), ("hides each token from itself",)),
+    (lambda L, w: _window(L, w, low=1, high=w + 1), ("hides each token from itself", "0 < i - j <= window")),
+    (lambda L, w: _window(L, w, low=1), ("hides each token from itself", "0 < i - j < window")),
     (lambda L, w: _window(L, w, causal=False), ("not causal",)),
     (lambda L, w: _window(L, w).T, ("future",)),
     (lambda L, w: ~_window(L, w), ("inverted",)),

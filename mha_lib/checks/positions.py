@@ -31,12 +31,19 @@ CONVENTION = ("The course pairs feature i with feature i + d_k/2 (half-split): a
 
 
 def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str = "half",
-           exponent: float = 2.0, sign: float = 1.0, output: str = "half") -> Tensor:
-    """RoPE with the knobs that common mistakes turn; the defaults are the course's convention."""
+           exponent: float = 2.0, sign: float = 1.0, output: str = "half", float32: str = "") -> Tensor:
+    """RoPE with the knobs that common mistakes turn; the defaults are the course's convention.
+
+    ``float32``: ``"theta"`` computes the frequencies in float32 (``torch.arange`` without a dtype),
+    ``"angle"`` the angles too (integer positions times float32 frequencies)."""
     d_k = x.size(-1)
     half = d_k // 2
-    theta = base ** (-exponent * torch.arange(half, dtype=torch.float64) / d_k)  # (d_k/2,)
-    angle = sign * positions.to(torch.float64)[:, None] * theta  # (L, d_k/2)
+    theta_dtype = torch.float32 if float32 else torch.float64
+    theta = base ** (-exponent * torch.arange(half, dtype=theta_dtype) / d_k)  # (d_k/2,)
+    if float32 == "angle":
+        angle = (sign * positions.to(torch.float32)[:, None] * theta).to(torch.float64)  # (L, d_k/2)
+    else:
+        angle = sign * positions.to(torch.float64)[:, None] * theta.to(torch.float64)  # (L, d_k/2)
     cos, sin = angle.cos(), angle.sin()
     x = x.to(torch.float64)
     a, b = (x[..., :half], x[..., half:]) if pairing == "half" else (x[..., 0::2], x[..., 1::2])
@@ -72,6 +79,11 @@ def _rotary_mistakes(x: Tensor, positions: Tensor) -> list[tuple[str, Callable[[
         ("the frequencies use i = 0, 2, 4, ... and a factor 2 (θ_i = base^(-4i/d_k))",
          lambda: rotate(x, positions, exponent=4.0),
          "Either i = 0 .. d_k/2 - 1 with base ** (-2i/d_k), or torch.arange(0, d_k, 2) / d_k without the 2."),
+        (f"the rotation is right, but the angles were computed in float32 while x is {x.dtype}, "
+         "so they are off by float32's rounding",
+         lambda: [rotate(x, positions, float32="theta"), rotate(x, positions, float32="angle")],
+         "torch.arange(d_k // 2) without a dtype makes θ float32: build it as "
+         "torch.arange(d_k // 2, dtype=x.dtype), and positions.to(x.dtype), so that the angles have x's precision."),
     ]
 
 
@@ -121,8 +133,8 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
             out = expect_tensor(out, f"the output {where}", (B, H, L, d_k), explain=" (B, H, L, d_k)")
             pos = torch.arange(L)
 
-            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask) -> Tensor:
-                return reference_attend(q_, k_, v_, m)[0]
+            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask, scale: float | None = None) -> Tensor:
+                return reference_attend(q_, k_, v_, m, scale=scale)[0]
 
             expected = attend(rotate(q, pos), rotate(k, pos), v)
             if close(out, expected):
@@ -142,6 +154,9 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
                                 rotate(k, pos, pairing="interleaved", output="interleaved"), v), CONVENTION),
                 ("the mask was ignored", lambda: attend(rotate(q, pos), rotate(k, pos), v, None),
                  "Pass the mask on to the attention: scaled_dot_product_attention(q, k, v, mask)."),
+                ("the rotation is right, but the scores were not divided by √d_k",
+                 lambda: attend(rotate(q, pos), rotate(k, pos), v, scale=1.0),
+                 "Attend with scaled_dot_product_attention(q, k, value, mask): it divides the scores by √d_k."),
             ], f"the output is wrong {where}",
                 "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then attend.")
         return f"correct on {len(cases)} cases (with and without a causal mask)"
