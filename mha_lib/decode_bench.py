@@ -22,7 +22,7 @@ heads and for ``kv_heads`` key/value heads (GQA), and checked against :func:`~mh
 A cached step is a dozen small operations on one token, so its time is mostly per-operation
 overhead. On a busy machine ``--threads 1`` measures it more steadily: two threads that wait for
 each other on cores other programs hold slow small operations down more than they speed them up
-(measured on 2 shared cores: 13x with one thread, 4.5x with two).
+(measured on 2 shared cores: 12.5x to 26x with one thread, 4.5x to 17x with two, depending on the load).
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from ._core import (
     describe_shapes,
     diagnose,
     expect_tensor,
-    fail,
     gen,
     randn,
     run_check,
