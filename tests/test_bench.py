@@ -26,7 +26,8 @@ def test_tiny_run_prints_every_variant(capsys):
     for variant in bench.VARIANTS:
         assert sum(f" {variant} " in row for row in rows) == 2, variant
     baseline_rows = [row for row in rows if f" {bench.BASELINE} " in row]
-    assert all(row.count("1.00x") == 2 for row in baseline_rows)  # the time ratios, in both modes
+    for row in baseline_rows:  # the baseline's time ratio, in both modes: (ms, ratio, MiB, ratio) a mode
+        assert [mode.split()[1] for mode in row.split("|")[1:]] == ["1.00x", "1.00x"], row
     if bench.cpu_memory_supported():
         assert "peak RSS of a worker process" in out
         for row in rows:  # every peak was measured: a number of MiB in both modes
