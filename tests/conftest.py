@@ -9,6 +9,8 @@ masks (``causal``, ``random_lengths``), PyTorch's own attention weights
 
 from __future__ import annotations
 
+from typing import Any
+
 import matplotlib
 import pytest
 import torch
@@ -137,3 +139,24 @@ def assert_rejects_bad_inputs(module: nn.Module) -> None:
     for args, error, message in bad:
         with pytest.raises(error, match=message):
             module(*args)
+
+
+def expect_fail(result: Any, *words: str, status: str = "failed") -> None:
+    """A check's result that rejected a wrong answer, with every one of ``words`` in its message."""
+    from mha_lib.checks import CheckResult
+
+    assert isinstance(result, CheckResult)
+    assert not result, f"the check passed a wrong answer: {result}"
+    assert result.status == status, result
+    text = str(result).lower()
+    for word in words:
+        assert word.lower() in text, f"{word!r} missing from:\n{result}"
+
+
+def expect_pass(result: Any) -> None:
+    """A check's result that accepted a right answer."""
+    from mha_lib.checks import CheckResult
+
+    assert isinstance(result, CheckResult)
+    assert result, f"the check failed a right answer:\n{result}"
+    assert result.status == "passed" and str(result).startswith("✅")

@@ -12,25 +12,11 @@ import torch.nn.functional as F
 
 import mha_lib
 from mha_lib import checks
+from conftest import expect_fail, expect_pass
 from mha_lib.checks import CheckResult
 
 NEW_CHECKS = [checks.check_apply_rotary, checks.check_rotary_attention, checks.check_sliding_window_mask,
               checks.check_repeat_kv, checks.check_cached_attention]
-
-
-def expect_fail(result: CheckResult, *words: str, status: str = "failed") -> None:
-    assert isinstance(result, CheckResult)
-    assert not result, f"the check passed a wrong answer: {result}"
-    assert result.status == status, result
-    text = str(result).lower()
-    for word in words:
-        assert word.lower() in text, f"{word!r} missing from:\n{result}"
-
-
-def expect_pass(result: CheckResult) -> None:
-    assert isinstance(result, CheckResult)
-    assert result, f"the check failed a right answer:\n{result}"
-    assert result.status == "passed" and str(result).startswith("✅")
 
 
 @pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
