@@ -41,19 +41,21 @@ def test_garbage_never_crashes_the_check(check):
 # ------------------------------------------------------------------ apply_rotary (chapter 08)
 
 
-def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out=False, use_positions=True):
+def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out=False, use_positions=True,
+         base=10000.0, swap_trig=False):
     """A learner-style RoPE with switches for the classic mistakes."""
     d_k = x.size(-1)
     half = d_k // 2
     if not use_positions:
         positions = torch.arange(x.size(-2))
-    theta = 10000.0 ** (-exponent * torch.arange(half, dtype=x.dtype) / d_k)
+    theta = base ** (-exponent * torch.arange(half, dtype=x.dtype) / d_k)
     angle = sign * positions.to(x.dtype)[:, None] * theta
+    cos, sin = (angle.sin(), angle.cos()) if swap_trig else (angle.cos(), angle.sin())
     if pairing == "half":
         a, b = x[..., :half], x[..., half:]
     else:
         a, b = x[..., 0::2], x[..., 1::2]
-    a2, b2 = a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
     if interleave_out:
         return torch.stack([a2, b2], dim=-1).flatten(-2)
     return torch.cat([a2, b2], dim=-1)
@@ -91,6 +93,9 @@ def test_apply_rotary_passes_right_answers():
     (lambda x, p: rope(x, p, interleave_out=True), ("written back interleaved", "torch.cat")),
     (lambda x, p: x.clone(), ("nothing was rotated",)),
     (lambda x, p: rope_float32_angles(x, p), ("angles were computed in float32", "dtype=x.dtype")),
+    (lambda x, p: rope(x, p, swap_trig=True), ("cos and sin are swapped", "nothing may change")),
+    (lambda x, p: rope(x, p, base=1000.0), ("base 1000 or 100000 instead of 10000",)),
+    (lambda x, p: rope(x, p, base=100000.0), ("base 1000 or 100000 instead of 10000",)),
 ])
 def test_apply_rotary_names_the_mistake(wrong, words):
     expect_fail(checks.check_apply_rotary(wrong), *words)

@@ -30,11 +30,13 @@ CONVENTION = ("The course pairs feature i with feature i + d_k/2 (half-split): a
 
 
 def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str = "half",
-           exponent: float = 2.0, sign: float = 1.0, output: str = "half", float32: str = "") -> Tensor:
+           exponent: float = 2.0, sign: float = 1.0, output: str = "half", float32: str = "",
+           swapped: bool = False) -> Tensor:
     """RoPE with the knobs that common mistakes turn; the defaults are the course's convention.
 
     ``float32``: ``"theta"`` computes the frequencies in float32 (``torch.arange`` without a dtype),
-    ``"angle"`` the angles too (integer positions times float32 frequencies)."""
+    ``"angle"`` the angles too (integer positions times float32 frequencies); ``swapped``: the
+    sine where the cosine belongs and the other way round."""
     d_k = x.size(-1)
     half = d_k // 2
     theta_dtype = torch.float32 if float32 else torch.float64
@@ -43,7 +45,7 @@ def rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0, pairing: str 
         angle = (sign * positions.to(torch.float32)[:, None] * theta).to(torch.float64)  # (L, d_k/2)
     else:
         angle = sign * positions.to(torch.float64)[:, None] * theta.to(torch.float64)  # (L, d_k/2)
-    cos, sin = angle.cos(), angle.sin()
+    cos, sin = (angle.sin(), angle.cos()) if swapped else (angle.cos(), angle.sin())
     x = x.to(torch.float64)
     a, b = (x[..., :half], x[..., half:]) if pairing == "half" else (x[..., 0::2], x[..., 1::2])
     a2, b2 = a * cos - b * sin, a * sin + b * cos
@@ -72,6 +74,13 @@ def _rotary_mistakes(x: Tensor, positions: Tensor) -> list[tuple[str, Callable[[
          CONVENTION),
         ("the rotation goes the wrong way (the sine has the wrong sign)", lambda: rotate(x, positions, sign=-1.0),
          "Rotating (a, b) by the angle φ gives (a·cos φ - b·sin φ, a·sin φ + b·cos φ)."),
+        ("cos and sin are swapped (the sine multiplies the pair's own feature)",
+         lambda: rotate(x, positions, swapped=True),
+         "Rotating (a, b) by the angle φ gives (a·cos φ - b·sin φ, a·sin φ + b·cos φ): at position 0 "
+         "(φ = 0) nothing may change."),
+        ("the frequencies were built with base 1000 or 100000 instead of 10000",
+         lambda: [rotate(x, positions, base=1000.0), rotate(x, positions, base=100000.0)],
+         "θ_i = 10000 ** (-2 * i / d_k): the base is 10000, as in the sinusoidal table and RoFormer."),
         ("the frequencies are θ_i = base^(-i/d_k) (the factor 2 is missing)",
          lambda: rotate(x, positions, exponent=1.0),
          "θ_i = base ** (-2 * i / d_k) for i = 0 .. d_k/2 - 1, as in the sinusoidal table."),
