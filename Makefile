@@ -7,7 +7,7 @@
 #   make test            set up .venv, then run the whole suite (what CI runs)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
 #   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it (maintainers)
-#   make study           re-train the seed study that chapters 06 and 10 quote (~10 min, maintainers)
+#   make study           re-train the seed study that chapters 07 and 11 quote (~10 min, maintainers)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -106,7 +106,7 @@ notebooks: $(STAMP)
 	$(PY) tools/make_exercises.py
 	$(PY) tools/build_notebooks.py
 
-# Chapters 06 and 10 quote what held over many seeds and CPU kernel paths, not one run:
+# Chapters 07 and 11 quote what held over many seeds and CPU kernel paths, not one run:
 # this trains them all (one CPU core, niced) and rewrites the committed results file.
 # `.venv/bin/python -m mha_lib.sentiment study --help` for seeds, kernel paths, parts.
 study: $(STAMP)

@@ -292,7 +292,7 @@ print("mask shape:", tuple(keep.shape))
 print(keep[:, 0, 0])
 
 # %% [markdown]
-# The token vectors here are random: meaningful ones come with training (chapter 06). What
+# The token vectors here are random: meaningful ones come with training (chapter 07). What
 # matters is where the zeros are. Look at the second sentence: no query attends to `<pad>`.
 # (The rows of the padding queries themselves are computed but simply ignored later.)
 # The strong diagonal, here and in the causal map below, has a simple cause: `x` supplies

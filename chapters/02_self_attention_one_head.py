@@ -332,7 +332,7 @@ for sentence in ["The movie was not bad", "The movie was bad"]:
 # %% [markdown]
 # Be honest about what this was: we **solved for** the weights, knowing the whole vocabulary
 # and the pattern we wanted. A trained model is never told the pattern; it finds projections
-# like these because they lower its loss. Chapter 06 trains real heads on a sentiment task
+# like these because they lower its loss. Chapter 07 trains real heads on a sentiment task
 # with negations and measures what they learned.
 #
 # ## 7. Letting gradients find a pattern
@@ -375,7 +375,7 @@ plt.show()
 # From a meaningless map to the target in 30 small steps, and the pattern is one-way where
 # we asked for it ("the" looks at "movie", "movie" does not look back at "the"), something raw
 # embeddings could never do. This fitted one pattern on one sentence; it did not learn
-# anything about language. In chapter 06 nobody writes down a target: the heads get only a
+# anything about language. In chapter 07 nobody writes down a target: the heads get only a
 # task's loss, and their patterns are whatever helps.
 #
 # ## 8. Attention ignores word order

@@ -51,7 +51,7 @@
 # ## Set-up
 #
 # As in every chapter: pick the device, seed the random generators, print rounded numbers.
-# This chapter only runs forward passes (chapter 06 trains), so we switch gradient tracking
+# This chapter only runs forward passes (chapter 07 trains), so we switch gradient tracking
 # off for the whole notebook; it saves memory and keeps `grad_fn=` out of the printouts.
 
 # %%
@@ -171,7 +171,7 @@ for word in (["A", "B", "C", "D", "E", "F"], ["D", "B", "C", "A", "E", "F"]):
 # %% [markdown]
 # That is the whole case for multi-head attention: **each head makes its own weighted average,
 # and the heads' results sit in separate slots**, so one layer can answer several questions
-# per token at once. What each head looks for is learned; chapter 06 trains a small model and
+# per token at once. What each head looks for is learned; chapter 07 trains a small model and
 # measures heads that specialize.
 #
 # To keep the cost down, the heads don't each get the full width: with `d_model` features and
@@ -381,7 +381,7 @@ print("output, sequence 0, token 0:", output[0, 0].cpu())
 
 # %% [markdown]
 # Input and output have the same shape `(2, 4, 8)`, so the layer can be stacked, and added to
-# its input (the residual connection of an encoder layer, chapter 06).
+# its input (the residual connection of an encoder layer, chapter 07).
 #
 # ## 4. The module, and the book's bug
 #
@@ -505,7 +505,7 @@ assert count(book) == count(one_head) == 4 * 512**2 + 4 * 512
 # `4 · B · L · d_model²` either way. Scores and blending cost `B · H · L² · d_k` each, and
 # `H · d_k = d_model`, so the heads change nothing there either. What does grow is the
 # attention-weight tensor: `H` maps of `L × L` per sequence instead of one, so 8 softmaxes and
-# 8 times as many weights to store. That memory grows with `L²`; chapter 07 comes back to it.
+# 8 times as many weights to store. That memory grows with `L²`; chapter 09 comes back to it.
 
 # %%
 def multiply_adds(B: int, L: int, d_model: int, H: int) -> int:
@@ -544,7 +544,7 @@ plt.show()
 # slice of random weights, but their patterns mean nothing yet. They are also rather flat: on
 # a colour scale from 0 to 1, no weight is above about 0.4 (an even spread would be 1/5 = 0.2),
 # because random projections of random vectors give small scores. No head "knows" that "not"
-# flips "bad". That takes training: in chapter 06 a small model learns a task with negations,
+# flips "bad". That takes training: in chapter 07 a small model learns a task with negations,
 # and we measure heads that specialize and what happens when one is removed.
 #
 # ## 7. H heads side by side
@@ -579,7 +579,7 @@ print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the mod
 
 # %% [markdown]
 # The module is faster than this loop because the split lets one batched matrix product do all
-# heads at once; chapter 07 goes further with fused projections and PyTorch's attention kernels.
+# heads at once; chapter 09 goes further with fused projections and PyTorch's attention kernels.
 #
 # ## Recap
 #
@@ -601,7 +601,7 @@ print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the mod
 #   the attention-weight memory, for `H` views.
 # - Each head is a single head on its rows of `W_q.weight`, `W_k.weight`, `W_v.weight`; `W_o`
 #   adds up their shares.
-# - Untrained heads show arbitrary patterns; trained ones specialize (chapter 06).
+# - Untrained heads show arbitrary patterns; trained ones specialize (chapter 07).
 #
 # ## Exercises
 #

@@ -221,7 +221,7 @@ print("outputs and per-head weights agree")
 # %% [markdown]
 # With the default `average_attn_weights=True` PyTorch returns `(B, Lq, Lk)`: the mean of
 # the heads' maps. The average is handy for a quick look but hides what each head does
-# (chapter 06 studies heads one by one). With our small random inputs every map is nearly
+# (chapter 07 studies heads one by one). With our small random inputs every map is nearly
 # uniform, so we scale the inputs by 4: larger scores, sharper maps. Now the two heads attend
 # to different keys, and their average looks like neither. (The inputs are random vectors;
 # the token labels are only there to make the maps readable.)
@@ -342,7 +342,7 @@ torch.testing.assert_close(weights, ref_weights)
 print("causal + padding: outputs and per-head weights agree")
 
 # %% [markdown]
-# **A different mask per head** (chapter 10 restricts head 0 to the first half of the
+# **A different mask per head** (chapter 11 restricts head 0 to the first half of the
 # sequence and head 1 to the second): ours is `(H, Lq, Lk)` and broadcasts over the batch.
 # PyTorch wants a 3-D `attn_mask` of shape `(B·H, Lq, Lk)`, **batch-major**: entry
 # `b·H + h` is the mask of sequence `b`, head `h`. `expand` then `reshape` builds exactly that;
@@ -429,7 +429,7 @@ print("sentence 1, weight on its padding:      ", f"{wrong_weights[1, :, :, 3:].
 #
 # It picks a **fused kernel** when the hardware and dtype have one (FlashAttention or
 # memory-efficient attention on recent NVIDIA GPUs, a flash-attention-style kernel on the
-# CPU) and falls back to the plain two-matmul "math" version otherwise. Chapter 07 goes
+# CPU) and falls back to the plain two-matmul "math" version otherwise. Chapter 09 goes
 # deeper. Since it
 # gives no weights, we compare outputs, over the cases the course uses: `(B, H, L, d_k)`
 # tensors, no mask, causal masks both ways, a padding mask in cross-attention, and per-head
@@ -909,8 +909,8 @@ plt.show()
 #
 # ## What comes next
 #
-# Our module is now proven equal to PyTorch's, forwards and backwards. In **chapter 06** we
-# put it to work: `mha_lib.EncoderLayer` wraps it into a transformer encoder layer, we train
-# a small model in seconds on a sentiment task full of negations ("not bad"), and watch the
-# heads at work: what each one learned to attend to, measured, and what the model loses
-# when a head is switched off.
+# Our module is now proven equal to PyTorch's, forwards and backwards. Before we train it,
+# **chapter 06** closes what chapter 02 left open: attention alone cannot see word order. It
+# adds positions to the embeddings (the learned table the trained models of chapters 07 and 08
+# use), then builds the rotary positions (RoPE) that today's language models apply inside every
+# head. **Chapter 07** then puts the module to work in a model trained in seconds.

@@ -1,4 +1,4 @@
-"""Multi-head attention the way production code writes it (chapter 07).
+"""Multi-head attention the way production code writes it (chapter 09).
 
 Same maths and the same forward contract as :class:`~mha_lib.MultiHeadAttention`,
 with two optimisations:
@@ -177,7 +177,7 @@ class EfficientMultiHeadAttention(nn.Module):
         q = split_heads(q, self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(k, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(v, self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 08, 09)
+        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 06, 10)
         q, k, v, mask = rotate_and_cache(q, k, v, mask, rotary=self.rotary, cache=cache, past=past)
 
         # 3) attend: the fused kernel, or the explicit path when the weights must exist to be returned

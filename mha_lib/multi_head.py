@@ -102,7 +102,7 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
         k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
         v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 08, 09)
+        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 06, 10)
         q, k, v, mask = rotate_and_cache(q, k, v, mask, rotary=self.rotary, cache=cache, past=past)
 
         # 3) every head attends on its own, in one batched call; a group of

@@ -15,7 +15,7 @@ mask shape          meaning
 ==================  ==============================================================
 ``(Lk,)``           which keys every query may see
 ``(Lq, Lk)``        one pattern for every sequence and head (``causal_mask(L)``)
-``(H, Lq, Lk)``     one pattern per head, shared by the sequences (chapter 08)
+``(H, Lq, Lk)``     one pattern per head, shared by the sequences (chapter 06)
 ``(1, H, Lq, Lk)``  the same, written out
 ``(B, 1, 1, Lk)``   which keys each sequence may see (``padding_mask(lengths)``)
 ``(B, 1, Lq, Lk)``  one pattern per sequence, shared by the heads

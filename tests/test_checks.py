@@ -568,7 +568,7 @@ def test_every_check_survives_garbage(check):
         assert result.status in ("failed", "error") and "bug in mha_lib.checks" not in str(result), result
 
 
-# ------------------------------------------------------------------ chapter 10
+# ------------------------------------------------------------------ chapter 11
 
 
 def halves_right(L):
@@ -621,7 +621,7 @@ def test_restricted_attention_check():
         lambda mha, x: attend(mha, x, halves_right(x.size(1))[:, None])), "per sequence instead of per head")
 
 
-# ------------------------------------------------------------------ chapters 06 and 07
+# ------------------------------------------------------------------ chapters 07 and 09
 
 
 class Encoder(nn.Module):

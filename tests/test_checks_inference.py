@@ -1,4 +1,4 @@
-"""The checks of chapters 08 and 09: rotary positions, sliding windows, shared key/value heads and
+"""The checks of chapters 06 and 10: rotary positions, sliding windows, shared key/value heads and
 decoding with a cache. Each passes two differently written right answers, fails each mistake it
 names with that mistake's hint, reads a stub as "not implemented yet", and never crashes."""
 
@@ -38,7 +38,7 @@ def test_garbage_never_crashes_the_check(check):
         assert "bug in mha_lib.checks" not in str(result), result
 
 
-# ------------------------------------------------------------------ apply_rotary (chapter 08)
+# ------------------------------------------------------------------ apply_rotary (chapter 06)
 
 
 def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out=False, use_positions=True,
@@ -112,7 +112,7 @@ def test_apply_rotary_refuses_the_course_answer_and_in_place_changes():
     expect_fail(checks.check_apply_rotary(lambda x, p: rope(x, p)[..., :-1]), "shape")
 
 
-# ------------------------------------------------------------------ rotary attention (chapter 08)
+# ------------------------------------------------------------------ rotary attention (chapter 06)
 
 
 def rotary_attention(q, k, v, mask=None, *, rotate_q=True, rotate_k=True, rotate_v=False, use_mask=True):
@@ -164,7 +164,7 @@ def test_rotary_attention_interleaved_pairing():
     expect_fail(checks.check_rotary_attention(interleaved), "interleaved")
 
 
-# ------------------------------------------------------------------ sliding_window_mask (chapter 09)
+# ------------------------------------------------------------------ sliding_window_mask (chapter 10)
 
 
 def window_compare(L, w):
@@ -205,7 +205,7 @@ def test_sliding_window_mask_names_the_mistake(wrong, words):
     expect_fail(checks.check_sliding_window_mask(wrong), *words)
 
 
-# ------------------------------------------------------------------ repeat_kv (chapter 09)
+# ------------------------------------------------------------------ repeat_kv (chapter 10)
 
 
 def repeat_interleave(x, n_rep):
@@ -233,7 +233,7 @@ def test_repeat_kv_names_the_mistake(wrong, words):
     expect_fail(checks.check_repeat_kv(wrong), *words)
 
 
-# ------------------------------------------------------------------ decoding with a cache (chapter 09)
+# ------------------------------------------------------------------ decoding with a cache (chapter 10)
 
 
 def cached(q, k, v, k_cache, v_cache, *, mistake=None):

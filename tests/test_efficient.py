@@ -300,7 +300,7 @@ def test_errors():
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
 def test_pytorch_cpu_kernel_itself_gives_zeros_for_fully_masked_rows(mask_dtype):
-    """Chapter 07 says so: on the CPU, torch 2.13's F.scaled_dot_product_attention itself returns
+    """Chapter 09 says so: on the CPU, torch 2.13's F.scaled_dot_product_attention itself returns
     zeros, not NaN, for a query that sees no key. (The module's guard does not rely on it.)"""
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
     allowed = torch.ones(3, 5, dtype=torch.bool)

@@ -2,7 +2,7 @@
 
 A training run's numbers differ in the last digits between CPUs (PyTorch picks AVX-512, AVX2
 or plain C++ kernels for the machine), and a short training run amplifies that. The notebooks
-that train (chapter 06, chapter 10's solution and exercise) never let nbval compare such
+that train (chapter 07, chapter 11's solution and exercise) never let nbval compare such
 numbers verbatim. This
 test proves it: it runs them under strict nbval with ``ATEN_CPU_CAPABILITY=default``, the plain
 C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
@@ -21,14 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # that a new training notebook is covered by itself. The others print only rounded results of
 # short, untrained computations, which no kernel path sends down another road (all of them passed
 # under ATEN_CPU_CAPABILITY=default when this test was narrowed to the training notebooks).
-# Today: chapter 06, and the solution and exercise of chapter 10.
+# Today: chapter 07, and the solution and exercise of chapter 11.
 NOTEBOOKS = sorted(str(py.with_suffix(".ipynb").relative_to(ROOT))
                    for folder in ("chapters", "solutions", "exercises")
                    for py in (ROOT / folder).glob("[0-9][0-9]_*.py") if "train_model(" in py.read_text())
 
 
 def test_training_notebooks_pass_strict_nbval_on_the_default_kernels():
-    assert {"chapters/06_heads_at_work.ipynb", "solutions/10_restricting_heads.ipynb"} <= set(NOTEBOOKS)
+    assert {"chapters/07_heads_at_work.ipynb", "solutions/11_restricting_heads.ipynb"} <= set(NOTEBOOKS)
     assert all((ROOT / nb).exists() for nb in NOTEBOOKS)
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default", MHA_DEVICE="cpu")
     result = subprocess.run(

@@ -64,7 +64,7 @@ def test_key_padding_with_both_conventions(dtype, device):
 
 
 def test_per_head_mask_broadcasts(device):
-    """A (H, Lq, Lk) mask restricts each head separately (chapter 10's exercise)."""
+    """A (H, Lq, Lk) mask restricts each head separately (chapter 11's exercise)."""
     B, L, D, H = 2, 6, 8, 2
     mha = MultiHeadAttention(D, H).to(device)
     x = torch.randn(B, L, D, device=device)

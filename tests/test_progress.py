@@ -175,7 +175,7 @@ def test_a_workspace_through_the_command_line(tmp_path):
     for number in ("5.1", "5.2", "5.3"):
         assert "above the exercises, raised ModuleNotFoundError: No module named " \
                "'a_module_that_does_not_exist'" in rows[number], out
-    assert rows["6.1"] == "not started (make exercise N=06)" and rows["6.2"] == "not started", out
+    assert rows["7.1"] == "not started (make exercise N=07)" and rows["7.2"] == "not started", out
     exercises = sum(map(len, progress.course_exercises(root)[0].values()))
     assert re.search(rf"^5 of {exercises} exercises done\. Ran 4 notebooks from workspace/ in \d+ s", out, re.M), out
     assert "Traceback" not in out + result.stderr, result.stderr

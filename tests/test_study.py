@@ -1,4 +1,4 @@
-"""The seed study behind chapters 06 and 10: the committed file, its command, and the findings
+"""The seed study behind chapters 07 and 11: the committed file, its command, and the findings
 the chapters assert, checked on the committed runs and on seeds trained here and now."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_command_trains_fresh_seeds_that_show_the_findings(tmp_path):
 
 
 def test_halves_part_measures_three_models(monkeypatch):
-    """The chapter 10 part, on a tiny training run (one epoch on 200 sentences), on the caller's
+    """The chapter 11 part, on a tiny training run (one epoch on 200 sentences), on the caller's
     threads: only the command line's own worker process sets them."""
     monkeypatch.setitem(CONFIG["training"], "epochs", 1)
     threads = torch.get_num_threads()

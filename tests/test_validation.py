@@ -291,7 +291,7 @@ def test_every_documented_mask_shape_is_accepted_and_read_by_broadcasting(name, 
 
 
 def test_a_3d_mask_is_per_head_also_when_the_batch_has_as_many_sequences_as_heads():
-    """B == H: (H, L, L) can't be told from (B, L, L) and is read per head (chapter 08's use)."""
+    """B == H: (H, L, L) can't be told from (B, L, L) and is read per head (chapter 06's use)."""
     mha = MultiHeadAttention(D, 2)
     x = torch.randn(2, L, D)
     per_head = torch.stack([causal_mask(L), causal_mask(L).T])  # (H, L, L)

@@ -1,6 +1,6 @@
 """``python -m mha_lib.bench``: see :mod:`mha_lib.bench.cli`.
 
-``python -m mha_lib.bench decode ...`` runs the decoding benchmark of chapter 09 instead
+``python -m mha_lib.bench decode ...`` runs the decoding benchmark of chapter 10 instead
 (:mod:`mha_lib.decode_bench`: a KV cache against recomputing the prefix; ``decode --help``).
 """
 

@@ -17,7 +17,7 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``_reference`` (the one reference implementation), then one
 module per topic: ``attention``, ``masks``, ``heads``, ``modules``, ``pytorch``,
-``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 08 and 09).
+``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 06 and 10).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult

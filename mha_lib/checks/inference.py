@@ -1,4 +1,4 @@
-"""Checks for chapter 09: sliding windows, shared key/value heads, decoding with a cache."""
+"""Checks for chapter 10: sliding windows, shared key/value heads, decoding with a cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks for chapters 06 and 07: the encoder layer, head ablation, fused projections,
+"""Checks for chapters 07 and 09: the encoder layer, head ablation, fused projections,
 and attention computed block by block (the idea behind flash attention)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ._core import (
 from ._reference import attend, linear, multi_head, projections
 from .attention import SCALE_HINT
 
-# ------------------------------------------------------------------ chapter 06
+# ------------------------------------------------------------------ chapter 07
 
 
 def _randomize(module: nn.Module, g: torch.Generator) -> None:
@@ -188,7 +188,7 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
     return run_check("head ablation", body)
 
 
-# ------------------------------------------------------------------ chapter 07
+# ------------------------------------------------------------------ chapter 09
 
 
 def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:

@@ -1,4 +1,4 @@
-"""Checks for chapter 08: rotary positions (RoPE) and one rotary attention step."""
+"""Checks for chapter 06: rotary positions (RoPE) and one rotary attention step."""
 
 from __future__ import annotations
 

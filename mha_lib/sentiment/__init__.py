@@ -1,6 +1,6 @@
 """A tiny sentiment task with negations, generated in code, and a small model that learns it.
 
-Chapter 06 trains the model and looks at what its heads do; chapter 10 restricts them.
+Chapter 07 trains the model and looks at what its heads do; chapter 11 restricts them.
 The package is split by job:
 
 - :mod:`~mha_lib.sentiment.data`: the task. :func:`make_datasets` draws sentences such as
@@ -11,7 +11,7 @@ The package is split by job:
   :func:`evaluate`, :func:`predict`.
 - :mod:`~mha_lib.sentiment.probes`: :func:`attention_shares` (where a token's attention
   goes, head by head), :func:`feed_forward_off`, and the groups of sentences the chapters
-  measure on (chapter 10's halves live there too: the exercise asks you to write them). :func:`silence_heads` lives in :mod:`mha_lib.heads` and is re-exported here.
+  measure on (chapter 11's halves live there too: the exercise asks you to write them). :func:`silence_heads` lives in :mod:`mha_lib.heads` and is re-exported here.
 - :mod:`~mha_lib.sentiment.study`: the seed study the chapters quote (:func:`load_study`),
   made by ``python -m mha_lib.sentiment study``.
 

@@ -1,9 +1,9 @@
-"""``python -m mha_lib.sentiment study``: train chapter 06's and chapter 10's models from many
+"""``python -m mha_lib.sentiment study``: train chapter 07's and chapter 11's models from many
 seeds, on several CPU kernel paths, and write what the chapters measure to a JSON file.
 
     python -m mha_lib.sentiment study                          # seeds 0-29, every kernel path
     python -m mha_lib.sentiment study --seeds 0-4 --kernels native --output my_study.json
-    python -m mha_lib.sentiment study --parts heads            # chapter 06's measurements only
+    python -m mha_lib.sentiment study --parts heads            # chapter 07's measurements only
 
 PyTorch picks its CPU kernels (AVX-512, AVX2, plain C++ "default") once, when it is
 imported, from the environment variable ``ATEN_CPU_CAPABILITY``; so each kernel path runs
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .study import PARTS
 
     parser = argparse.ArgumentParser(prog="python -m mha_lib.sentiment",
-                                     description="The seed study behind chapters 06 and 10.")
+                                     description="The seed study behind chapters 07 and 11.")
     commands = parser.add_subparsers(dest="command", required=True)
     study = commands.add_parser("study", help="train and measure many seeds on several kernel paths",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU kernel paths, comma-separated: native (what PyTorch picks), avx512, avx2, default "
                             "(plain C++); paths this CPU lacks or that repeat another are skipped (default: all)")
     study.add_argument("--parts", type=parse_list(PARTS), default=list(PARTS),
-                       help="heads (chapter 06), halves (chapter 10); default: both")
+                       help="heads (chapter 07), halves (chapter 11); default: both")
     study.add_argument("--output", type=Path, default=Path("sentiment_study.json"),
                        help="the JSON file to write (default: sentiment_study.json here)")
     study.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the models train")

@@ -8,7 +8,7 @@ on negated and on plain sentences separately; :func:`predict` gives the labels.
 None of these functions changes PyTorch's global state (threads, seeds, grad mode) as
 the caller sees it afterwards. A model this small trains fastest on one CPU thread
 (its operations are too small to share out): a caller that wants that says so itself,
-with ``torch.set_num_threads(1)``, as chapter 06 and the seed study do.
+with ``torch.set_num_threads(1)``, as chapter 07 and the seed study do.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def train_model(
 
     Batches are shuffled by a CPU generator seeded with ``seed``, so the order is the
     same on every device. ``mask`` goes to every forward call, training and held-out: a
-    tensor, or a function ``tokens (b, L) -> mask`` called on each batch (chapter 10
+    tensor, or a function ``tokens (b, L) -> mask`` called on each batch (chapter 11
     trains with restricted heads). The weights' starting values are the caller's: seed
     before building the model (``seed_everything``). Leaves the model in eval mode.
 

@@ -6,8 +6,8 @@ of sentences the chapters measure them on.
 - :func:`~mha_lib.silence_heads` (in :mod:`mha_lib.heads`) switches heads off;
   :func:`feed_forward_off` switches the feed-forward sublayers off.
 - :func:`four_groups`: plain or negated, with a positive or a negative sentiment word
-  (chapter 06); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
-  sentiment word in the same or in different halves of the sentence (chapter 10).
+  (chapter 07); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
+  sentiment word in the same or in different halves of the sentence (chapter 11).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 ROLES = ("<cls>", "not", "sentiment word", "other words")
-# Short names of chapter 06's groups: "not" or not, and the sentiment word's own polarity.
+# Short names of chapter 07's groups: "not" or not, and the sentiment word's own polarity.
 FOUR_GROUPS = ("plain+", "plain-", "negated+", "negated-")
 HALVES_GROUPS = ("plain", "same half", "different halves")
 
@@ -116,7 +116,7 @@ def feed_forward_off(model: nn.Module) -> Iterator[None]:
 
 
 def four_groups(examples: Sequence[Example]) -> dict[str, list[Example]]:
-    """Chapter 06's groups: ``{"plain+", "plain-", "negated+", "negated-"}``, where + / -
+    """Chapter 07's groups: ``{"plain+", "plain-", "negated+", "negated-"}``, where + / -
     is the sentiment word's own polarity (so "negated+" is "not good", label negative)."""
     groups: dict[str, list[Example]] = {name: [] for name in FOUR_GROUPS}
     for e in examples:
@@ -135,7 +135,7 @@ def halves_group(example: Example) -> str:
 
 
 def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
-    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 10)."""
+    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 11)."""
     groups: dict[str, list[int]] = {name: [] for name in HALVES_GROUPS}
     for i, e in enumerate(examples):
         groups[halves_group(e)].append(i)
@@ -143,7 +143,7 @@ def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
 
 
 def halves_for_batch(tokens: Tensor, pad_id: int = Vocab.pad_id) -> Tensor:
-    """Chapter 10's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
+    """Chapter 11's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
 
     With ``n`` real tokens in a row (``<cls>`` included), head 0 may attend to the
     positions ``[0, n // 2)`` and head 1 to ``[n // 2, L)``, for every query; the

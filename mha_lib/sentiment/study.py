@@ -1,4 +1,4 @@
-"""The seed study: chapter 06's and chapter 10's models trained from many seeds, on several
+"""The seed study: chapter 07's and chapter 11's models trained from many seeds, on several
 CPU kernel paths, and measured the same way as in the chapters.
 
 One trained model is one sample: another seed, or the same seed on another CPU, gives
@@ -9,12 +9,12 @@ assert it on the model the learner trains. Re-run it with ``make study`` or
 
 Each run (one seed on one kernel path) holds:
 
-- ``"heads"`` (chapter 06): the held-out accuracy per group (:func:`four_groups`), each
+- ``"heads"`` (chapter 07): the held-out accuracy per group (:func:`four_groups`), each
   head's share of ``<cls>``'s attention per group and role, the share of the sentiment
   word's attention on "not" and of "not"'s on the sentiment word, the accuracy with head 0,
   head 1 or both silenced and with the feed-forward sublayer switched off, and the held-out
   accuracy after each epoch;
-- ``"halves"`` (chapter 10): accuracy on plain sentences and on negated ones with "not"
+- ``"halves"`` (chapter 11): accuracy on plain sentences and on negated ones with "not"
   and the sentiment word in the same or in different halves, for the model trained
   freely (tested free and tested restricted) and for one trained restricted.
 """
@@ -75,7 +75,7 @@ def _accuracy(correct: torch.Tensor, groups: dict[str, list[int]]) -> dict[str, 
 
 
 def measure_heads(model: SentimentClassifier, test: Sequence[Example], vocab: Vocab) -> dict[str, Any]:
-    """Chapter 06's measurements of a trained two-head model (see the module's docstring)."""
+    """Chapter 07's measurements of a trained two-head model (see the module's docstring)."""
     labels = torch.tensor([e.label for e in test])
     groups = {"negated": [i for i, e in enumerate(test) if e.negated],
               "plain": [i for i, e in enumerate(test) if not e.negated]}
@@ -219,7 +219,7 @@ class Study:
 def save_study(runs: list[Run], path: str | Path = STUDY_FILE, command: str = "") -> Path:
     """Write the runs as JSON, one run per line (small diffs when a study is re-run)."""
     path = Path(path)
-    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 06 and 10)", "command": command,
+    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 07 and 11)", "command": command,
                         "parts": list(PARTS)},
               "config": CONFIG}
     lines = [json.dumps(run, separators=(",", ":"), sort_keys=False) for run in runs]
@@ -238,7 +238,7 @@ def load_study(path: str | Path | None = None) -> Study:
 
 
 # --- What held in every run of the committed study, as code --------------------------------
-# Chapters 06 and 10 assert the same on the model the learner trains; tests/test_study.py
+# Chapters 07 and 11 assert the same on the model the learner trains; tests/test_study.py
 # checks that every committed run satisfies them and that freshly trained seeds do too.
 
 

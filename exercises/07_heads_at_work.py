@@ -14,15 +14,15 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 06 · Heads at work
+# # Exercises · Chapter 07 · Heads at work
 #
 # Two exercises: the forward pass of a pre-norm encoder layer, and head ablation, the tool
-# chapter 06 used to find out what each head is for.
+# chapter 07 used to find out what each head is for.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=06`, or `.venv/bin/python -m mha_lib start 06`; see the README), so that
+# (`make exercise N=07`, or `.venv/bin/python -m mha_lib start 07`; see the README), so that
 # updates to the course never overwrite your work.
 
 # %%
@@ -33,16 +33,16 @@ from mha_lib import MultiHeadAttention, combine_heads, scaled_dot_product_attent
 from mha_lib.checks import check_encoder_layer, check_head_ablation
 
 # %% [markdown]
-# ## Exercise 6.1 · The encoder layer's forward pass
+# ## Exercise 7.1 · The encoder layer's forward pass
 #
 # The `__init__` below is complete. Write `forward(x, mask=None)` for the **pre-norm** layer of
-# chapter 06:
+# chapter 07:
 #
 # 1. `h = norm1(x)`; `x = x + self_attn(h, h, h, mask=mask)` (self-attention, with a residual);
 # 2. `x = x + feed_forward(norm2(x))` (the position-wise network, with a residual);
 # 3. return `x`, shape `(B, L, d_model)`.
 #
-# (Chapter 06's `mha_lib.EncoderLayer` also has dropout; it is left out here.)
+# (Chapter 07's `mha_lib.EncoderLayer` also has dropout; it is left out here.)
 #
 # <details><summary>Hint</summary>
 #
@@ -66,7 +66,7 @@ class EncoderLayer(nn.Module):
 check_encoder_layer(EncoderLayer)
 
 # %% [markdown]
-# ## Exercise 6.2 · Silence one head
+# ## Exercise 7.2 · Silence one head
 #
 # To learn what a head is for, switch it off and see what breaks. Write
 # `silence_head(mha, x, head)` returning the output of self-attention of `x (B, L, d_model)`
@@ -95,4 +95,4 @@ check_head_ablation(silence_head)
 # %% [markdown]
 # ## Done?
 #
-# Compare with `solutions/06_heads_at_work.ipynb`, then go on to chapter 07.
+# Compare with `solutions/07_heads_at_work.ipynb`, then go on to chapter 08.

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 06 · Heads at work
+# # Chapter 07 · Heads at work
 #
 # Chapters 02 to 05 built multi-head attention and proved it right. Every head there had random
 # or hand-set weights. This chapter trains a model and asks the question the sources raise: do
@@ -262,7 +262,7 @@ for row in tokens:
 # `SentimentClassifier` is as small as a transformer classifier gets:
 #
 # 1. **token embedding + learned position embedding**: attention itself ignores word order
-#    (chapter 02), so each position gets a learned vector added;
+#    (chapter 02), so each position gets a learned vector added (chapter 06's learned table);
 # 2. **one `EncoderLayer`** with `d_model = 48`, **2 heads** of 24 features and `d_ff = 96`;
 # 3. a final `LayerNorm` (the layer is pre-norm);
 # 4. a linear **classifier** on the vector of `<cls>`: two logits, negative and positive.
@@ -274,7 +274,7 @@ for row in tokens:
 # that is the row to watch.
 #
 # The model also accepts an extra mask (`forward(tokens, mask=...)`, combined with the padding
-# mask), e.g. a per-head `(H, L, L)` mask; chapter 10 uses it to restrict the heads.
+# mask), e.g. a per-head `(H, L, L)` mask; chapter 11 uses it to restrict the heads.
 
 # %%
 seed_everything(0)  # seed, then build: the starting weights come from the seed (the seed study does the same)
@@ -787,7 +787,7 @@ for name in FINDINGS:
     assert counts == applicable  # each held in every run it applies to
 
 # %% [markdown]
-# (The chapter 06 findings apply to the runs that learned; the last one belongs to chapter 10.)
+# (The chapter 07 findings apply to the runs that learned; the last one belongs to chapter 11.)
 #
 # - **Robust**, in every run that learned, on every kernel path: a negation head (which head is
 #   chance); the other head brings the sentiment word to `<cls>` in negated sentences; silencing
@@ -828,13 +828,15 @@ for name in FINDINGS:
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/06_heads_at_work.ipynb`; each exercise checks
+# Practise what this chapter built in `exercises/07_heads_at_work.ipynb`; each exercise checks
 # itself and tells you what is wrong. See the README for how to start your own copy.
 #
 # ## What comes next
 #
-# Every attention map in this chapter was an `L × L` matrix. For long sequences that matrix is
-# the bottleneck: **chapter 07** builds `mha_lib.EfficientMultiHeadAttention` with fused
-# projections and PyTorch's fast attention kernels, and explains flash attention. The last
-# chapter returns to this chapter's model and *restricts* its heads: head 0 may only look at the
-# first half of the sentence and head 1 at the second, the blog post's "Try it yourself".
+# This model had one layer, so each head worked alone. **Chapter 08** stacks two layers of
+# attention and trains them in seconds to continue a repeated sequence: a head of the second layer
+# finds the earlier copy of the current token and reads what came next (an *induction head*), and
+# it can do so only with what a head of the first layer wrote. Heads that compose across layers
+# are why transformers stack attention at all. Later, **chapter 09** makes attention fast, and
+# the last chapter returns to this chapter's model and *restricts* its heads: head 0 may only look
+# at the first half of the sentence and head 1 at the second, the blog post's "Try it yourself".

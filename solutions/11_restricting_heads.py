@@ -14,10 +14,10 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 10 · Restricting each head to half of the sequence
+# # Solutions · Chapter 11 · Restricting each head to half of the sequence
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/10_restricting_heads.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/11_restricting_heads.ipynb`:
 # > the same exercises, with the solutions filled in, every comparison computed, and a model
 # > answer to the written question, backed by the measurements above it.
 # <!-- END SOLUTION -->
@@ -27,7 +27,7 @@
 # 1. build the mask and run restricted multi-head attention (two checks);
 # 2. compare it with the unrestricted module on the post's tiny configuration and on a longer
 #    sentence: per-head maps, output differences, what each head's output is made of;
-# 3. retrain chapter 06's sentiment model with restricted heads and measure what it costs when
+# 3. retrain chapter 07's sentiment model with restricted heads and measure what it costs when
 #    "not" and the sentiment word fall in different halves.
 #
 # Then write what changed and what it suggests about the role of heads.
@@ -35,8 +35,8 @@
 # <!-- EXERCISE ONLY
 # Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
 # the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
-# compute what the text asks for, then compare with `solutions/10_restricting_heads.ipynb`.
-# Work in your own copy (`make exercise N=10`, or `.venv/bin/python -m mha_lib start 10`).
+# compute what the text asks for, then compare with `solutions/11_restricting_heads.ipynb`.
+# Work in your own copy (`make exercise N=11`, or `.venv/bin/python -m mha_lib start 11`).
 # -->
 
 # %%
@@ -53,7 +53,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## Part 1 · The restriction
 #
-# ### Exercise 10.1 · The halves mask
+# ### Exercise 11.1 · The halves mask
 #
 # Write `halves_mask(seq_len)` returning a boolean mask of shape `(2, L, L)`, True = may attend:
 # for **every** query, head 0 may attend to the keys `[0, L // 2)` and head 1 to the keys
@@ -82,7 +82,7 @@ def halves_mask(seq_len):
 check_halves_mask(halves_mask)
 
 # %% [markdown]
-# ### Exercise 10.2 · Restricted multi-head attention
+# ### Exercise 11.2 · Restricted multi-head attention
 #
 # Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
 # two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
@@ -90,7 +90,7 @@ check_halves_mask(halves_mask)
 #
 # <details><summary>Hint</summary>
 #
-# Chapter 10 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
+# Chapter 11 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
 # would silently restrict *sequences* instead of heads. Mind the device of the mask.
 # </details>
 
@@ -235,7 +235,7 @@ print("keys of head 0:", sentence[: len(sentence) // 2], " keys of head 1:", sen
 #
 # ## Part 3 · What it costs a trained model
 #
-# Chapter 06's sentiment model (one encoder layer with two heads, classifying from the `<cls>`
+# Chapter 07's sentiment model (one encoder layer with two heads, classifying from the `<cls>`
 # token at position 0) learned that "not" flips the sentiment word. Here each sentence is
 # restricted by **its own** length, as the model sees it: with `n` real tokens (`<cls>` included),
 # head 0 may attend to positions `[0, n // 2)` and head 1 to `[n // 2, n)`; padding stays masked.
@@ -244,7 +244,7 @@ print("keys of head 0:", sentence[: len(sentence) // 2], " keys of head 1:", sen
 #    token ids `(B, L)` (the padding id is `vocab.pad_id`). The halves come from each sentence's
 #    own length, not from the padded `L`: with `halves_mask(L)`, a short sentence would lie
 #    entirely in head 0's half. The padding keys may stay True: the model masks them anyway.
-# 2. Train the unrestricted model as in chapter 06 (seed 0), then measure its held-out accuracy
+# 2. Train the unrestricted model as in chapter 07 (seed 0), then measure its held-out accuracy
 #    in three groups: plain sentences, negated sentences with "not" and the sentiment word in the
 #    **same** half, and in **different** halves. Then apply the restriction to the trained model
 #    without retraining, and measure again.
@@ -258,7 +258,7 @@ print("keys of head 0:", sentence[: len(sentence) // 2], " keys of head 1:", sen
 # mask=...)`, whose `mask` may be a function of the batch's tokens, like `halves_for_batch`. An
 # `Example` knows its `tokens`, `negated`, `negation_pos` and `sentiment_pos` (word indices:
 # word `i` sits at position `i + 1`, after `<cls>`). The models train on one CPU thread, as in
-# chapter 06 and in the study: fastest for a model this small.
+# chapter 07 and in the study: fastest for a model this small.
 
 # %%
 from mha_lib.sentiment import SentimentClassifier, Vocab, load_study, make_datasets, predict, train_model
@@ -337,7 +337,7 @@ assert min(results["free, tested restricted"].values()) <= 0.60
 
 # %% [markdown]
 # Whatever you printed is one run: on another machine the same seed may give other numbers
-# (chapter 06). Which of your observations would hold for any seed? The seed study tells. Plot
+# (chapter 07). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
 # study, {label: fn(run)}, yours={label: value})` draws such a plot. Each run of `study.runs`
 # holds `run["halves"][model][group]`, with `model` one of `"free, tested free"`,
@@ -458,7 +458,7 @@ assert templates["same half"]["the ... was not ..."] >= 0.9 * len(test_groups["s
 # ## Done?
 #
 # That was the course's last exercise. Compare your results and your answer with
-# `solutions/10_restricting_heads.ipynb`.
+# `solutions/11_restricting_heads.ipynb`.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## The end

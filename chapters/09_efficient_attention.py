@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 07 · Efficient attention: the same maths, less time and memory
+# # Chapter 09 · Efficient attention: the same maths, less time and memory
 #
 # `mha_lib.MultiHeadAttention` was written to be read: three projections, a split, attention
 # per head, a merge, a projection. On the way it stores every attention weight: a
@@ -630,15 +630,13 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/07_efficient_attention.ipynb`; each exercise
+# Practise what this chapter built in `exercises/09_efficient_attention.ipynb`; each exercise
 # checks itself and tells you what is wrong. See the README for how to start your own copy.
 #
 # ## What comes next
 #
-# **Chapter 08** comes back to what chapter 02 left open: attention alone cannot see word order.
-# It adds positions to the embeddings, then builds the rotary positions (RoPE) that today's
-# language models apply to each head's queries and keys. **Chapter 09** runs attention the way a
+# **Chapter 10** runs attention the way a
 # language model generates text, one token at a time, with a cache of keys and values, and shows
-# how fewer key/value heads and sliding windows keep that cache small. **Chapter 10**, the
+# how fewer key/value heads and sliding windows keep that cache small. **Chapter 11**, the
 # course's last, takes up the challenge at the end of Priyesh Dave's post: restrict head 0 to the
 # first half of the sequence and head 1 to the second half.

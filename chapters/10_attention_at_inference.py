@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 09 · Attention at inference: the key/value cache, shared heads, sliding windows
+# # Chapter 10 · Attention at inference: the key/value cache, shared heads, sliding windows
 #
 # A language model writes one token at a time. To pick token `t + 1` it runs its layers over
 # everything written so far, then appends the new token and does it again. Run naively, every
@@ -131,7 +131,7 @@ print(chunk_mask.int())
 
 # %% [markdown]
 # The module builds that mask itself. A prompt of 6 tokens in one chunk, then one token at a
-# time: the same numbers again. With rotary positions (chapter 08) the new tokens are rotated by
+# time: the same numbers again. With rotary positions (chapter 06) the new tokens are rotated by
 # their true positions `T .. T + n - 1`, which the module reads from the cache's length; the keys
 # in the cache are stored already rotated, so nothing is rotated twice.
 
@@ -149,7 +149,7 @@ for rotary in (False, True):
 
 # %% [markdown]
 # How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
-# (`d_model = 512`, 8 heads, batch 1; chapter 07's `EfficientMultiHeadAttention`, which takes
+# (`d_model = 512`, 8 heads, batch 1; chapter 09's `EfficientMultiHeadAttention`, which takes
 # `cache=` too) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
 # of three runs. On the machine this course was written on (2 CPU cores shared with other work)
@@ -364,7 +364,7 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 # sequence, whether the text is 4096 tokens long or 32 768 (8 times less than a 32 768-token
 # cache). A window does not blind the model to everything before it: in layer 2, a token sees
 # tokens that saw the `window` before them, and so on up the stack. How far that reaches, and the
-# other ways of restricting where a head may look, are the subject of chapter 10.
+# other ways of restricting where a head may look, are the subject of chapter 11.
 
 # %%
 per_token_mistral = kv_cache_bytes(num_layers=32, num_kv_heads=8, d_k=128, seq_len=1)
@@ -393,14 +393,14 @@ for n in (4096, 32_768):
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/09_attention_at_inference.ipynb`: the sliding
+# Practise what this chapter built in `exercises/10_attention_at_inference.ipynb`: the sliding
 # window mask, `repeat_kv`, and one decoding step with a cache and rotary positions; each
 # exercise checks itself and tells you what is wrong. See the README for how to start your own
 # copy.
 #
 # ## What comes next
 #
-# **Chapter 10**, the course's last, takes the sliding window further: global tokens,
+# **Chapter 11**, the course's last, takes the sliding window further: global tokens,
 # block-sparse and strided patterns, a different mask for every head, and how far information
 # travels through a stack of restricted layers. Then it takes up the challenge at the end of
 # Priyesh Dave's post: restrict head 0 to the first half of the sequence and head 1 to the

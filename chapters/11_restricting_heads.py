@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 10 · Restricting where heads may look
+# # Chapter 11 · Restricting where heads may look
 #
 # The course ends where its first source ends. Priyesh Dave's post "Day 28: Multi-Head
 # Attention" closes with a challenge: change the multi-head code so that **the first head may
@@ -24,10 +24,10 @@
 #
 # The challenge is not a toy. Telling a head where it may look is how today's models handle long
 # inputs: full attention costs `L × L` scores per head, and a model that reads 100 000 tokens
-# cannot pay that (chapter 09 met the causal sliding window as a way to bound the key/value
+# cannot pay that (chapter 10 met the causal sliding window as a way to bound the key/value
 # cache; here it is one restriction among several). So this chapter first builds the
 # restrictions real models use, then sets up the challenge, which you solve in
-# `exercises/10_restricting_heads.ipynb`.
+# `exercises/11_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
 #
@@ -68,7 +68,7 @@ print("Running on:", device.type)
 # - **Local (sliding-window) attention**: query `i` may attend to the keys within `w` positions,
 #   `|i - j| <= w`. Longformer uses a window on both sides; Mistral 7B a causal one (only
 #   `i - w <= j <= i`), of 4096 tokens. Here `w` counts the keys on each side of the query;
-#   chapter 09's `mha_lib.sliding_window_mask(L, window)` counts every key a query sees, itself
+#   chapter 10's `mha_lib.sliding_window_mask(L, window)` counts every key a query sees, itself
 #   included, so the causal window `w` below is `sliding_window_mask(L, w + 1)`.
 # - **Global tokens** (Longformer): a few chosen positions, such as a classification token, see
 #   every token and are seen by every token, so that the whole input can meet in one place.
@@ -114,7 +114,7 @@ patterns = {
     "blocks of 4 + global 0": with_global(block_local(L, 4), [0]),
     "strided, every 4th": strided(L, 4),
 }
-assert torch.equal(patterns["causal window, w = 3"], sliding_window_mask(L, 4))  # chapter 09's, 4 keys per query
+assert torch.equal(patterns["causal window, w = 3"], sliding_window_mask(L, 4))  # chapter 10's, 4 keys per query
 for name, mask in patterns.items():
     print(f"{name:26} {tuple(mask.shape)}  keys per query: {mask.sum(1).min().item():2d} to "
           f"{mask.sum(1).max().item():2d}  ({mask.float().mean().item():4.0%} of the L x L scores)")
@@ -307,14 +307,14 @@ plt.show()
 #    $\sum_j w^{(h)}_{ij}\, v^{(h)}_j$. After the restriction, head 0's output must be a blend of
 #    first-half values only: show it, for instance by changing the second half's values and
 #    watching head 0's blend stay the same for a fixed set of weights.
-# 4. **A trained model.** Chapter 06's sentiment model learned to relate "not" to the word it
+# 4. **A trained model.** Chapter 07's sentiment model learned to relate "not" to the word it
 #    negates. Retrain it with restricted heads and measure its accuracy on sentences where "not"
 #    and the sentiment word fall in the same half versus different halves. In a padded batch the
 #    halves must come from each sentence's **own** length: `halves_mask(L)` of the padded length
 #    would put a short sentence entirely in head 0's half and leave head 1 nothing but padding.
 #    (The model's `<cls>` token sits at position 0, so it always belongs to head 0's half.)
 #
-# Where you start from, before any restriction: chapter 06's model, trained freely, on the three
+# Where you start from, before any restriction: chapter 07's model, trained freely, on the three
 # groups of held-out sentences, in every run of the course's seed study (30 seeds on three CPU
 # kernel paths; `mha_lib.sentiment.load_study()`):
 
@@ -329,7 +329,7 @@ print("held-out sentences per group:", {name: len(idx) for name, idx in halves_g
 study = load_study()
 free = {group: (lambda run, group=group: run["halves"]["free, tested free"][group]) for group in HALVES_GROUPS}
 k, n = study.count(lambda run: min(f(run) for f in free.values()) >= 0.95, where=learned)
-print(f"runs that learned (chapter 06): {n} of {len(study.runs)}; at least 95% in all three groups: {k} of them")
+print(f"runs that learned (chapter 07): {n} of {len(study.runs)}; at least 95% in all three groups: {k} of them")
 assert (k, n) == (76, 76)
 fig, ax = plt.subplots(figsize=(8, 3.2), layout="constrained")
 plot_runs(ax, study, free, title="Trained freely, tested freely: one dot per run of the seed study")
@@ -341,21 +341,21 @@ plt.show()
 # takes away from there.
 #
 # Then the written part: a few sentences on what changed and what this suggests about the role
-# of attention heads. One trained model is one sample (chapter 06 showed how much a single run
+# of attention heads. One trained model is one sample (chapter 07 showed how much a single run
 # can mislead), so make your claims about the model *you* trained, and say which ones you would
 # expect to hold for any seed.
 #
 # ## Your turn
 #
-# - Start your copy: `make exercise N=10` (or `.venv/bin/python -m mha_lib start 10`), then open
-#   `workspace/10_restricting_heads.ipynb`. The exercise notebook is
-#   `exercises/10_restricting_heads.ipynb`; its checks (`check_halves_mask`,
+# - Start your copy: `make exercise N=11` (or `.venv/bin/python -m mha_lib start 11`), then open
+#   `workspace/11_restricting_heads.ipynb`. The exercise notebook is
+#   `exercises/11_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.
 # - Write your answer before you read the model answer.
 #
 # ## After the exercise
 #
-# The model answer is in `solutions/10_restricting_heads.ipynb`, Part 4. It does not rest on the
+# The model answer is in `solutions/11_restricting_heads.ipynb`, Part 4. It does not rest on the
 # one model the notebook trains: it reads the course's **seed study**, the same free and
 # restricted models trained from 30 seeds on three CPU kernel paths
 # (`mha_lib.sentiment.load_study()`; `make study` re-runs it), and quotes only what held across
@@ -372,14 +372,16 @@ plt.show()
 #   batched call: the parameter count of one wide head, split into several views.
 # - **Chapter 04:** padding and causal masks, cross-attention, and rows with nothing to attend to.
 # - **Chapter 05:** a module is proven against PyTorch's own, to the tolerance its dtype allows.
-# - **Chapter 06:** heads of a trained model specialize, ablation measures what each one is for,
-#   and only a study over many seeds says which findings are robust.
-# - **Chapter 07:** the same maths, fused, without ever storing the `L × L` weights.
-# - **Chapter 08:** positions enter attention from outside: added to the embeddings, or as a
+# - **Chapter 06:** positions enter attention from outside: added to the embeddings, or as a
 #   rotation of each head's queries and keys (RoPE) that makes scores depend on the offset.
-# - **Chapter 09:** at inference a model caches each layer's keys and values; fewer key/value
+# - **Chapter 07:** heads of a trained model specialize, ablation measures what each one is for,
+#   and only a study over many seeds says which findings are robust.
+# - **Chapter 08:** heads compose across layers: a second-layer induction head finds the earlier
+#   copy of a token through what a first-layer head wrote, which no single layer can do.
+# - **Chapter 09:** the same maths, fused, without ever storing the `L × L` weights.
+# - **Chapter 10:** at inference a model caches each layer's keys and values; fewer key/value
 #   heads (MQA, GQA) and sliding windows keep that cache small.
-# - **Chapter 10:** a mask per head decides what each head may see: windows, global tokens and
+# - **Chapter 11:** a mask per head decides what each head may see: windows, global tokens and
 #   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
 # ## Where to go next

@@ -14,15 +14,15 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 09 · Attention at inference
+# # Exercises · Chapter 10 · Attention at inference
 #
-# Three exercises, one per idea of chapter 09: the sliding-window mask, the key/value heads that
+# Three exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
 # groups of query heads share, and one decoding step with a key/value cache and rotary positions.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=09`, or `.venv/bin/python -m mha_lib start 09`; see the README), so that
+# (`make exercise N=10`, or `.venv/bin/python -m mha_lib start 10`; see the README), so that
 # updates to the course never overwrite your work.
 
 # %%
@@ -32,7 +32,7 @@ from mha_lib import apply_rotary, scaled_dot_product_attention
 from mha_lib.checks import check_cached_attention, check_repeat_kv, check_sliding_window_mask
 
 # %% [markdown]
-# ## Exercise 9.1 · The sliding-window mask
+# ## Exercise 10.1 · The sliding-window mask
 #
 # Write `sliding_window_mask(seq_len, window)`: a bool tensor `(L, L)`, rows = queries,
 # columns = keys, True (may attend) exactly where `0 <= i - j < window`. Each query sees itself
@@ -57,7 +57,7 @@ check_sliding_window_mask(sliding_window_mask)
 #
 
 # %% [markdown]
-# ## Exercise 9.2 · Share key/value heads
+# ## Exercise 10.2 · Share key/value heads
 #
 # Write `repeat_kv(x, n_rep)`: from `x (B, H_kv, L, d_k)`, the key (or value) heads of a
 # grouped-query layer, build `(B, H_kv · n_rep, L, d_k)` in which head `h` is head `h // n_rep`
@@ -82,10 +82,10 @@ check_repeat_kv(repeat_kv)
 #
 
 # %% [markdown]
-# ## Exercise 9.3 · One decoding step with a cache
+# ## Exercise 10.3 · One decoding step with a cache
 #
 # Write `attend_with_cache(query, key, value, k_cache, v_cache)` for one attention layer with
-# rotary positions (chapter 08):
+# rotary positions (chapter 06):
 #
 # - `query, key, value (B, H, n, d_k)`: the heads of the `n` new tokens, **not yet rotated**;
 # - `k_cache, v_cache (B, H, T, d_k)`: the keys (already rotated) and the values of the `T`
@@ -129,4 +129,4 @@ check_cached_attention(attend_with_cache)
 # %% [markdown]
 # ## Done?
 #
-# Compare with `solutions/09_attention_at_inference.ipynb`, then go on to chapter 10.
+# Compare with `solutions/10_attention_at_inference.ipynb`, then go on to chapter 11.

@@ -14,14 +14,14 @@
 # ---
 
 # %% [markdown]
-# # Chapter 08 · Positions inside attention
+# # Chapter 06 · Positions inside attention
 #
 # Chapter 02 ended on a problem: attention alone cannot tell "the dog bit the man" from "the man
 # bit the dog". Shuffle the tokens and every output shuffles with them, nothing more. A model
 # learns word order only if positions are put in from outside; chapter 02 added random vectors
 # to show that this breaks the symmetry, and left open which vectors real models use. This
 # chapter shows the two ways that are used: **added** positions, a vector per position summed into the
-# embeddings before the first layer (the original transformer, and chapter 06's sentiment model),
+# embeddings before the first layer (the original transformer, and chapter 07's sentiment model),
 # and **rotary** positions (RoPE), which rotate every head's queries and keys inside every layer,
 # the choice of LLaMA, Mistral, Qwen and most open language models today.
 #
@@ -157,9 +157,9 @@ assert torch.allclose(moved.float(), table[k_shift:k_shift + 90], atol=1e-5)
 print(f"rotating every pair of PE[pos] by {k_shift}·ω_i gives PE[pos + {k_shift}], for pos = 0 .. 89")
 
 # %% [markdown]
-# **Learned positions** (chapter 06) are the other kind of added position: an `nn.Embedding`
+# **Learned positions** are the other kind of added position: an `nn.Embedding`
 # with one trainable row per position, `max_len` rows in all. The model learns whatever vectors
-# help, but has no row for a position at or past `max_len`. The sentiment model of chapter 06 uses one
+# help, but has no row for a position at or past `max_len`. The sentiment model of chapter 07 uses one
 # with 16 rows, BERT and GPT-2 one with 512 and 1024.
 
 # %%
@@ -364,8 +364,8 @@ print("q, k per head:", tuple(q_h.shape), " output:", tuple(from_module.shape))
 print("hand-written rotary forward == MultiHeadAttention(rotary=True) (within 1e-5)")
 
 # %% [markdown]
-# Chapter 07's `EfficientMultiHeadAttention` takes the same `rotary=True`, and `from_module`
-# carries it over with the weights, so the fused module computes the same rotary function:
+# `EfficientMultiHeadAttention`, the fused module chapter 09 builds, takes the same
+# `rotary=True`, and `from_module` carries it over with the weights, so the fused module computes the same rotary function:
 
 # %%
 fused = EfficientMultiHeadAttention.from_module(rot).eval()
@@ -414,7 +414,7 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 # %% [markdown]
 # `apply_rotary` takes the positions as an argument for one reason: a model that generates text
 # one token at a time has seen `T` tokens already, and the new one sits at position `T`, not 0.
-# Chapter 09 passes `positions = arange(T, T + n)` for that.
+# Chapter 10 passes `positions = arange(T, T + n)` for that.
 
 # %% [markdown]
 # ## Recap
@@ -424,7 +424,7 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 # - **Added positions**: a vector per position summed into the embeddings, either the
 #   **sinusoidal** table of Vaswani et al. (pairs of sin and cos at frequencies
 #   $10000^{-2i/d}$, computed for any length) or a **learned** table (`nn.Embedding(max_len, d)`,
-#   chapter 06). The scores then depend on the absolute positions `i` and `j`.
+#   the trained models of chapters 07 and 08). The scores then depend on the absolute positions `i` and `j`.
 # - **RoPE** rotates each head's queries and keys, pair of features by pair of features, by
 #   `position · θ_i`. The score depends on the **offset `i - j` only**; shifting every position by
 #   a constant changes nothing; lengths are kept; the values are **never** rotated.
@@ -436,13 +436,13 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/08_positions_inside_attention.ipynb`: write
+# Practise what this chapter built in `exercises/06_positions_inside_attention.ipynb`: write
 # `apply_rotary` yourself, then one rotary attention step; each exercise checks itself and tells
 # you what is wrong. See the README for how to start your own copy.
 #
 # ## What comes next
 #
-# **Chapter 09** runs attention the way a language model writes: one token at a time. It keeps
-# every layer's keys and values in a cache instead of recomputing them, rotates each new token by
-# its true position, measures what the cache costs in memory, and shows the two ways today's
-# models shrink it: fewer key/value heads (MQA, GQA) and sliding windows.
+# **Chapter 07** puts multi-head attention to work: an encoder layer, a small sentiment model
+# trained in seconds on sentences full of negations ("not bad"), with the learned position table
+# of this chapter, and what each of its heads learned to attend to, measured over many seeds.
+# **Chapter 08** stacks two layers and shows heads that work *together*: induction heads.

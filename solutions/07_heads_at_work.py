@@ -14,21 +14,21 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 06 · Heads at work
+# # Solutions · Chapter 07 · Heads at work
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/06_heads_at_work.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/07_heads_at_work.ipynb`:
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
 # Two exercises: the forward pass of a pre-norm encoder layer, and head ablation, the tool
-# chapter 06 used to find out what each head is for.
+# chapter 07 used to find out what each head is for.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=06`, or `.venv/bin/python -m mha_lib start 06`; see the README), so that
+# (`make exercise N=07`, or `.venv/bin/python -m mha_lib start 07`; see the README), so that
 # updates to the course never overwrite your work.
 # -->
 
@@ -40,16 +40,16 @@ from mha_lib import MultiHeadAttention, combine_heads, scaled_dot_product_attent
 from mha_lib.checks import check_encoder_layer, check_head_ablation
 
 # %% [markdown]
-# ## Exercise 6.1 · The encoder layer's forward pass
+# ## Exercise 7.1 · The encoder layer's forward pass
 #
 # The `__init__` below is complete. Write `forward(x, mask=None)` for the **pre-norm** layer of
-# chapter 06:
+# chapter 07:
 #
 # 1. `h = norm1(x)`; `x = x + self_attn(h, h, h, mask=mask)` (self-attention, with a residual);
 # 2. `x = x + feed_forward(norm2(x))` (the position-wise network, with a residual);
 # 3. return `x`, shape `(B, L, d_model)`.
 #
-# (Chapter 06's `mha_lib.EncoderLayer` also has dropout; it is left out here.)
+# (Chapter 07's `mha_lib.EncoderLayer` also has dropout; it is left out here.)
 #
 # <details><summary>Hint</summary>
 #
@@ -83,7 +83,7 @@ check_encoder_layer(EncoderLayer)
 # Both are correct models; they are different functions, and the check tells them apart.
 # <!-- END SOLUTION -->
 #
-# ## Exercise 6.2 · Silence one head
+# ## Exercise 7.2 · Silence one head
 #
 # To learn what a head is for, switch it off and see what breaks. Write
 # `silence_head(mha, x, head)` returning the output of self-attention of `x (B, L, d_model)`
@@ -119,7 +119,7 @@ check_head_ablation(silence_head)
 
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
-# **Discussion.** Chapter 06 does the same with a forward pre-hook on `W_o`
+# **Discussion.** Chapter 07 does the same with a forward pre-hook on `W_o`
 # (`silence_heads` in `mha_lib.heads`, also importable from `mha_lib.sentiment`), which switches
 # a head off inside a whole trained model without rewriting its forward pass.
 # <!-- END SOLUTION -->
@@ -127,10 +127,10 @@ check_head_ablation(silence_head)
 # <!-- EXERCISE ONLY
 # ## Done?
 #
-# Compare with `solutions/06_heads_at_work.ipynb`, then go on to chapter 07.
+# Compare with `solutions/07_heads_at_work.ipynb`, then go on to chapter 08.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## Next
 #
-# Go on to chapter 07.
+# Go on to chapter 08.
 # <!-- END SOLUTION -->
