@@ -1,0 +1,122 @@
+"""Training on :func:`~mha_lib.induction.repeated_segments`, and finding the phase change.
+
+:func:`train_induction` trains next-token prediction on every position (the usual language
+model loss) and records the loss on the predictable tokens (the second copy after its first
+token) and on the rest separately. Nothing can predict the rest better than uniform,
+``ln V``; the predictable tokens can be predicted perfectly, by copying.
+:func:`phase_change_step` finds the step where the predictable loss drops.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..validation import check_positive_int
+from .data import RepeatBatch, check_task, repeated_segments
+from .model import AttentionOnlyTransformer
+
+__all__ = ["losses", "phase_change_step", "train_induction"]
+
+
+def losses(logits: Tensor, batch: RepeatBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """``(all, predictable, other)``: mean next-token cross-entropy over all, the predictable, the other tokens.
+
+    ``logits`` ``(B, L, V)``: position ``t`` predicts token ``t + 1``, so token 0 is never scored.
+    """
+    V = logits.size(-1)
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, V), batch.tokens[:, 1:].reshape(-1), reduction="none")
+    predictable = batch.predictable[:, 1:].reshape(-1)  # (B * (L - 1),)
+    return per_token.mean(), per_token[predictable].mean(), per_token[~predictable].mean()
+
+
+def train_induction(
+    model: AttentionOnlyTransformer,
+    steps: int = 600,
+    batch_size: int = 64,
+    lr: float = 1e-2,
+    seed: int = 0,
+    *,
+    seq_len: int | None = None,
+    segment: tuple[int, int] = (6, 10),
+    weight_decay: float = 0.01,
+    log_every: int = 10,
+    reports: int = 4,
+    threads: int | None = None,
+) -> dict[str, list[float]]:
+    """Train with AdamW on fresh batches, printing a progress line ``reports`` times.
+
+    Every step draws a new batch from a CPU generator seeded with ``seed`` (each seed its own
+    data, the same on every device). The loss is the mean cross-entropy over all positions.
+    The weights' starting values are the caller's: seed before building the model.
+
+    Args:
+        seq_len: length of the sequences (default: ``model.max_len``).
+        segment: ``(shortest, longest)`` length of the repeated segment.
+        log_every: record the losses of every ``log_every``-th step's batch (measured
+            before that step's update; the first record is step 0, the untrained model).
+        threads: if given, train on that many CPU threads and restore the count afterwards.
+
+    Returns:
+        history: ``"step"``, ``"loss"`` (predictable tokens), ``"loss_other"`` (the rest),
+        ``"loss_all"``, one entry per record, and ``"seconds"``: the training time. Leaves
+        the model in eval mode and PyTorch's global state (threads, grad mode, RNG) as found.
+    """
+    steps = check_positive_int(steps, "steps")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    log_every = check_positive_int(log_every, "log_every")
+    seq_len = model.max_len if seq_len is None else seq_len
+    seq_len, _, segment = check_task(seq_len, model.vocab_size, segment)
+    if seq_len > model.max_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's max_len={model.max_len}")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    history: dict[str, list[float]] = {"step": [], "loss": [], "loss_other": [], "loss_all": []}
+    report_every = max(1, math.ceil(steps / max(reports, 1)))
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(check_positive_int(threads, "threads"))
+    start = time.perf_counter()
+    try:
+        with torch.enable_grad():
+            model.train()
+            for step in range(steps + 1):
+                batch = repeated_segments(batch_size, seq_len, model.vocab_size, segment, generator=generator).to(device)
+                with torch.set_grad_enabled(step < steps):  # the last record only measures
+                    everything, predictable, other = losses(model(batch.tokens), batch)
+                if step == steps or step % log_every == 0:  # this batch's losses, before its update
+                    history["step"].append(step)
+                    history["loss"].append(predictable.item())
+                    history["loss_other"].append(other.item())
+                    history["loss_all"].append(everything.item())
+                if reports and step and (step % report_every == 0 or step == steps):
+                    print(f"step {step:4d}/{steps}  loss on predictable tokens {history['loss'][-1]:.2f}, "
+                          f"on the others {history['loss_other'][-1]:.2f}  ({time.perf_counter() - start:.1f} s)",
+                          flush=True)
+                if step == steps:
+                    break
+                optimizer.zero_grad()
+                everything.backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(old_threads)
+        model.eval()
+    history["seconds"] = [time.perf_counter() - start]
+    return history
+
+
+def phase_change_step(history: dict[str, list[float]], threshold: float) -> int | None:
+    """The first recorded step whose predictable loss is below ``threshold``, or None.
+
+    A natural threshold is ``math.log(V) / 2``: halfway between a model that knows nothing
+    (uniform over the vocabulary, ``ln V``) and one that copies perfectly (0).
+    """
+    for step, loss in zip(history["step"], history["loss"]):
+        if loss < threshold:
+            return int(step)
+    return None
