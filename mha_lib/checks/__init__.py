@@ -17,7 +17,8 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``_reference`` (the one reference implementation), then one
 module per topic: ``attention``, ``masks``, ``heads``, ``modules``, ``pytorch``,
-``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 06 and 10).
+``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 06 and 10), and
+``induction`` (chapter 08).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
@@ -26,6 +27,12 @@ from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention
+from .induction import (
+    check_ablation_losses,
+    check_induction_score,
+    check_previous_token_score,
+    check_repeated_segment_batch,
+)
 from .inference import check_cached_attention, check_repeat_kv, check_sliding_window_mask
 from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
 from .positions import check_apply_rotary, check_rotary_attention
@@ -36,6 +43,7 @@ __all__ = [
     "CHECK_RAISE",
     "CheckFailed",
     "CheckResult",
+    "check_ablation_losses",
     "check_apply_rotary",
     "check_cached_attention",
     "check_repeat_kv",
@@ -54,11 +62,14 @@ __all__ = [
     "check_fused_projection",
     "check_halves_mask",
     "check_head_ablation",
+    "check_induction_score",
     "check_key_padding_mask_for_torch",
     "check_masked_attention",
     "check_multi_head_attention",
     "check_padding_mask",
     "check_parameter_count",
+    "check_previous_token_score",
+    "check_repeated_segment_batch",
     "check_restricted_attention",
     "check_scaled_dot_product_attention",
     "check_self_attention",

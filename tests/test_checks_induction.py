@@ -1,0 +1,493 @@
+"""The checks of chapter 08: the repeated-segment batch, the previous-token and induction scores,
+and the losses of a model with each head silenced. Each passes differently written right answers
+(unusual ones included), fails each mistake it names with that mistake's hint, reads a stub as
+"not implemented yet", and never crashes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import expect_fail, expect_pass
+from mha_lib import checks
+from mha_lib.checks import CheckResult
+from mha_lib.heads import silence_heads
+from mha_lib.induction import induction_score, losses, previous_token_score, repeated_segments
+
+NEW_CHECKS = [checks.check_repeated_segment_batch, checks.check_previous_token_score, checks.check_induction_score,
+              checks.check_ablation_losses]
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_a_stub_reads_not_implemented(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert result.status == "not implemented" and "not implemented yet" in str(result), result
+    assert str(result).startswith("⏳")
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_garbage_never_crashes_the_check(check):
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42, lambda *a, **k: None,
+                    lambda *a, **k: (torch.zeros(1), torch.zeros(1), torch.zeros(1)), lambda *a, **k: torch.zeros(2, 2),
+                    lambda *a, **k: (torch.zeros(2, 2), torch.zeros(2, 2)), lambda *a, **k: torch.full((2, 3), math.nan)):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert "bug in mha_lib.checks" not in str(result), result
+
+
+# ------------------------------------------------------------------ 8.1 the repeated-segment batch
+
+
+def segment_batch(batch_size, seq_len, vocab_size, segment, generator, *, mistake=None):
+    """A learner-style batch, one row at a time, with switches for the classic mistakes."""
+    lo, hi = segment
+    draw = (lambda high: int(torch.randint(high, (1,)))) if mistake == "global rng" else \
+        (lambda high: int(torch.randint(high, (1,), generator=generator)))
+    if mistake == "own generator":
+        own = torch.Generator().manual_seed(0)
+        draw = lambda high: int(torch.randint(high, (1,), generator=own))  # noqa: E731
+    tokens = torch.randint(vocab_size + (mistake == "ids too high"), (batch_size, seq_len), generator=generator)
+    predictable = torch.zeros(batch_size, seq_len, dtype=torch.bool)
+    for b in range(batch_size):
+        n = lo + draw(hi - lo + (0 if mistake == "exclusive high" else 1))
+        if mistake == "fixed offset":
+            first, second = draw(seq_len - 2 * hi + 1), None
+            second = first + hi
+        elif mistake == "overlap":
+            first = draw(seq_len - n - 1)
+            second = first + 1 + draw(seq_len - n - first)
+        else:
+            first = draw(seq_len - 2 * n + 1)
+            second = first + n + draw(seq_len - 2 * n - first + 1)
+        if mistake == "overlap in place":
+            first = draw(seq_len - n - 1)
+            second = first + 1 + draw(seq_len - n - first)
+            for i in range(n):
+                tokens[b, second + i] = tokens[b, first + i]
+        elif mistake != "no copy":
+            tokens[b, second:second + n] = tokens[b, first:first + n].clone()
+        start, end = second + 1, second + n
+        if mistake == "first marked":
+            start = second
+        if mistake == "one past the end":
+            end += 1
+        if mistake == "one short at the end":
+            end -= 1
+        if mistake == "shifted left":
+            start, end = second, second + n - 1
+        predictable[b, start:end] = True
+        if mistake == "first copy too":
+            predictable[b, first + 1:first + n] = True
+        if mistake == "first copy instead":
+            predictable[b] = False
+            predictable[b, first + 1:first + n] = True
+    if mistake == "float mask":
+        predictable = predictable.float()
+    if mistake == "int32":
+        tokens = tokens.int()
+    if mistake == "mask one short":
+        predictable = predictable[:, 1:]
+    return tokens, predictable
+
+
+def segment_batch_vectorized(batch_size, seq_len, vocab_size, segment, generator):
+    """Written differently: the gap between the copies drawn first, the copy made by gather."""
+    lo, hi = segment
+    n = torch.randint(lo, hi + 1, (batch_size,), generator=generator)
+    room = seq_len - 2 * n  # free positions, shared by the start and the gap
+    gap = (torch.rand(batch_size, generator=generator) * (room + 1)).floor().long()
+    first = (torch.rand(batch_size, generator=generator) * (room - gap + 1)).floor().long()
+    second = first + n + gap
+    t = torch.arange(seq_len)
+    inside = (t >= second[:, None]) & (t < (second + n)[:, None])
+    tokens = torch.randint(vocab_size, (batch_size, seq_len), generator=generator)
+    tokens = tokens.gather(1, torch.where(inside, t - (second - first)[:, None], t))
+    return tokens, inside & (t != second[:, None])
+
+
+def segment_batch_numbers_first(batch_size, seq_len, vocab_size, segment, generator):
+    """Every position drawn before the tokens; the mask from a cumulative sum."""
+    lo, hi = segment
+    rows = []
+    for _ in range(batch_size):
+        n = torch.randint(lo, hi + 1, (), generator=generator).item()
+        second = torch.randint(n, seq_len - n + 1, (), generator=generator).item()
+        first = torch.randint(0, second - n + 1, (), generator=generator).item()
+        rows.append((n, first, second))
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
+    marks = torch.zeros(batch_size, seq_len + 1)
+    for b, (n, first, second) in enumerate(rows):
+        tokens[b, second:second + n] = tokens[b, first:first + n].clone()
+        marks[b, second + 1] += 1
+        marks[b, second + n] -= 1
+    return tokens, marks.cumsum(1)[:, :seq_len] > 0
+
+
+def test_repeated_segment_batch_passes_right_answers():
+    expect_pass(checks.check_repeated_segment_batch(segment_batch))
+    expect_pass(checks.check_repeated_segment_batch(segment_batch_vectorized))
+    expect_pass(checks.check_repeated_segment_batch(segment_batch_numbers_first))
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("first marked", ("copy's first token is marked",)),
+    ("one past the end", ("off by one at the end", "token after the copy")),
+    ("one short at the end", ("off by one at the end", "not marked")),
+    ("shifted left", ("positions just before the predictable tokens",)),
+    ("first copy too", ("first copy is marked too",)),
+    ("first copy instead", ("first copy is marked instead of the second",)),
+    ("float mask", ("torch.float32", "bool")),
+    ("mask one short", ("shape (128, 31)", "one entry per token")),
+    ("int32", ("torch.int32", "torch.long")),
+    ("ids too high", ("ids 0 ... 63", "exclusive")),
+    ("fixed offset", ("fixed offset", "position alone")),
+    ("exclusive high", ("segment[1] = 10, never occurs", "both ends are included")),
+    ("overlap", ("overlap",)),
+    ("overlap in place", ("overlap",)),
+    ("no copy", ("not a copy of an earlier segment", "tokens[b, second:second + n]")),
+    ("global rng", ("global generator", "generator=generator")),
+    ("own generator", ("same places", "generator of its own")),
+])
+def test_repeated_segment_batch_names_the_mistake(mistake, words):
+    expect_fail(checks.check_repeated_segment_batch(lambda *a, m=mistake, **k: segment_batch(*a, **k, mistake=m)),
+                *words)
+
+
+def test_repeated_segment_batch_refuses_more():
+    expect_fail(checks.check_repeated_segment_batch(
+        lambda B, L, V, seg, generator: (lambda b: (b.tokens, b.predictable))(
+            repeated_segments(B, L, V, seg, generator=generator))), "course's own answer")
+    expect_fail(checks.check_repeated_segment_batch(lambda *a, **k: segment_batch(*a, **k)[::-1]), "torch.long")
+    expect_fail(checks.check_repeated_segment_batch(lambda *a, **k: tuple(x.T for x in segment_batch(*a, **k))),
+                "batch and positions swapped")
+
+    def fixed_start(B, L, V, segment, generator):
+        tokens, predictable = segment_batch_vectorized(B, L, V, segment, generator)
+        return tokens, predictable  # a right answer, for contrast with the next one
+
+    def copies_at_zero(B, L, V, segment, generator):
+        lo, hi = segment
+        tokens = torch.randint(V, (B, L), generator=generator)
+        predictable = torch.zeros(B, L, dtype=torch.bool)
+        for b in range(B):
+            n = int(torch.randint(lo, hi + 1, (1,), generator=generator))
+            second = n + int(torch.randint(L - 2 * n + 1, (1,), generator=generator))
+            tokens[b, second:second + n] = tokens[b, :n].clone()
+            predictable[b, second + 1:second + n] = True
+        return tokens, predictable
+
+    expect_pass(checks.check_repeated_segment_batch(fixed_start))
+    expect_fail(checks.check_repeated_segment_batch(copies_at_zero), "first copy starts at position 0 in every row")
+
+    def in_place(B, L, V, segment, generator):
+        return segment_batch(B, L, V, segment, generator)
+
+    expect_pass(checks.check_repeated_segment_batch(in_place))
+
+
+# ------------------------------------------------------------------ 8.2 scores
+
+
+def prev_diagonal(weights):
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+
+
+def prev_by_mask(weights):
+    """Written differently: a 0/1 matrix on key t - 1, summed over the keys, then averaged."""
+    L = weights.size(-1)
+    below = torch.ones(L, L, dtype=weights.dtype).tril(-1) - torch.ones(L, L, dtype=weights.dtype).tril(-2)
+    per_query = (weights * below).sum(-1)[:, :, 1:]  # (B, H, L - 1)
+    return per_query.sum(dim=(0, 2)) / (per_query.size(0) * per_query.size(2))
+
+
+def prev_loop(weights):
+    """A Python loop over the queries that stays in autograd."""
+    picks = [weights[:, :, t, t - 1] for t in range(1, weights.size(-1))]  # each (B, H)
+    return torch.stack(picks).mean(dim=(0, 1))
+
+
+def test_previous_token_score_passes_right_answers():
+    for fn in (prev_diagonal, prev_by_mask, prev_loop):
+        expect_pass(checks.check_previous_token_score(fn))
+
+
+def diag_mean(w, offset, start=0, dims=(0, 2)):
+    return w.diagonal(offset=offset, dim1=-2, dim2=-1)[..., start:].mean(dim=dims)
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda w: torch.stack([w[:, :, t, t - 1] for t in range(w.size(-1))]).mean(dim=(0, 1)), ("query 0",)),
+    (lambda w: diag_mean(w, 0, 1), ("wrong diagonal", "query t -> key t")),
+    (lambda w: diag_mean(w, 0), ("wrong diagonal", "query t -> key t")),
+    (lambda w: diag_mean(w, 1), ("wrong diagonal", "t + 1")),
+    (lambda w: (w * torch.ones_like(w[0, 0]).tril(-1).triu(-1)).mean(dim=(0, 2, 3)), ("averaged over the keys",)),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=(0, 2)), ("sum instead of a mean",)),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 2)), ("per sequence",)),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=2), ("one per sequence and head",)),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(), ("one number for all heads",)),
+    (lambda w: prev_diagonal(w).double(), ("dtype torch.float64 for weights of dtype torch.float32", "keep that dtype")),
+    (lambda w: torch.tensor(prev_diagonal(w).tolist(), dtype=w.dtype), ("autograd",)),
+    (lambda w: prev_diagonal(w.detach()), ("autograd",)),
+    (lambda w: previous_token_score(w), ("course's own answer",)),
+])
+def test_previous_token_score_names_the_mistake(wrong, words):
+    expect_fail(checks.check_previous_token_score(wrong), *words)
+
+
+def test_previous_token_score_refuses_in_place_changes():
+    def in_place(w):
+        w[..., 0, 0] = 0.0
+        return prev_diagonal(w)
+
+    expect_fail(checks.check_previous_token_score(in_place), "in place")
+
+
+def induction_gather(weights, batch):
+    B, H, L, _ = weights.shape
+    t = torch.arange(L)
+    second, first, length = batch.second[:, None], batch.first[:, None], batch.length[:, None]
+    queries = (t >= second) & (t <= second + length - 2)  # (B, L)
+    keys = torch.where(queries, t - second + first + 1, 0)  # (B, L)
+    picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1)  # (B, H, L)
+    return (picked * queries[:, None]).sum(dim=(0, 2)) / queries.sum()
+
+
+def induction_from_predictable(weights, batch):
+    """Written differently: the queries are the predictable tokens moved one position back."""
+    queries = batch.predictable.roll(-1, dims=1)  # second ... second + n - 2
+    L = weights.size(-1)
+    keys = torch.arange(L) - (batch.second - batch.first)[:, None] + 1  # the offset diagonal
+    b, t = queries.nonzero(as_tuple=True)
+    return weights[b, :, t, keys[b, t]].mean(dim=0)  # (number of queries, H) -> (H,)
+
+
+def induction_loop(weights, batch):
+    picks = []
+    for b in range(weights.size(0)):
+        f, s, n = int(batch.first[b]), int(batch.second[b]), int(batch.length[b])
+        picks += [weights[b, :, s + i, f + i + 1] for i in range(n - 1)]
+    return torch.stack(picks).mean(dim=0)
+
+
+def test_induction_score_passes_right_answers():
+    for fn in (induction_gather, induction_from_predictable, induction_loop):
+        expect_pass(checks.check_induction_score(fn))
+
+
+def induction_with(weights, batch, *, queries="copy", key_shift=1, reduce="pooled"):
+    B, H, L, _ = weights.shape
+    t = torch.arange(L)
+    s, f, n = batch.second[:, None], batch.first[:, None], batch.length[:, None]
+    q = {"copy": (t >= s) & (t <= s + n - 2), "with last": (t >= s) & (t <= s + n - 1),
+         "predictable": batch.predictable}[queries]
+    keys = torch.where(q, t - s + f + key_shift, 0)
+    picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1) * q[:, None]
+    if reduce == "sum":
+        return picked.sum(dim=(0, 2))
+    if reduce == "per row":
+        return (picked.sum(2) / q.sum(1, keepdim=True)).mean(0)
+    if reduce == "all positions":
+        return picked.mean(dim=(0, 2))
+    if reduce == "per batch":
+        return picked.sum(dim=(1, 2)) / (H * q.sum(1))
+    return picked.sum(dim=(0, 2)) / q.sum()
+
+
+def induction_offset_diagonal(weights, batch):
+    B, H, L, _ = weights.shape
+    t = torch.arange(L)
+    keys = t - (batch.second - batch.first)[:, None] + 1
+    ok = keys >= 0
+    picked = weights.gather(-1, keys.clamp(min=0)[:, None, :, None].expand(B, H, L, 1)).squeeze(-1) * ok[:, None]
+    return picked.sum(dim=(0, 2)) / ok.sum()
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda w, b: induction_with(w, b, key_shift=0), ("duplicate-token head", "first + i + 1")),
+    (lambda w, b: induction_with(w, b, queries="with last"), ("last query",)),
+    (lambda w, b: induction_with(w, b, queries="predictable"), ("predictable tokens", "one position late")),
+    (induction_offset_diagonal, ("every query on the offset diagonal",)),
+    (lambda w, b: induction_with(w, b, reduce="all positions"), ("every position",)),
+    (lambda w, b: induction_with(w, b, reduce="sum"), ("sum instead of a mean",)),
+    (lambda w, b: induction_with(w, b, reduce="per row"), ("each sequence's queries were averaged first",)),
+    (lambda w, b: induction_with(w, b, reduce="per batch"), ("per sequence",)),
+    (lambda w, b: induction_gather(w, b).double(), ("dtype torch.float64",)),
+    (lambda w, b: induction_gather(w.detach(), b), ("autograd",)),
+    (lambda w, b: induction_score(w, b), ("course's own answer",)),
+])
+def test_induction_score_names_the_mistake(wrong, words):
+    expect_fail(checks.check_induction_score(wrong), *words)
+
+
+# ------------------------------------------------------------------ 8.3 ablation losses
+
+
+def ablation(model, batch):
+    rows = []
+    with torch.no_grad():
+        for layer in model.layers:
+            row = []
+            for h in range(layer.num_heads):
+                with silence_heads(layer, [h]):
+                    row.append(losses(model(batch.tokens), batch)[1])
+            rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def ablation_by_hand(model, batch):
+    """Written differently: cross-entropy on the predictable tokens, a table filled in place."""
+    out = torch.empty(model.num_layers, model.num_heads, dtype=next(model.parameters()).dtype)
+    target = batch.predictable[:, 1:]
+    for l in range(model.num_layers):
+        for h in range(model.num_heads):
+            with silence_heads(model.layers[l], [h]), torch.no_grad():
+                logits = model(batch.tokens)[:, :-1]
+            out[l, h] = F.cross_entropy(logits[target], batch.tokens[:, 1:][target])
+    return out
+
+
+def ablation_with_grad(model, batch):
+    """Gradients left on (no no_grad): the table keeps a grad_fn, which is fine."""
+    return torch.stack([torch.stack([_loss_silenced(model, batch, l, h) for h in range(model.num_heads)])
+                        for l in range(model.num_layers)])
+
+
+def _loss_silenced(model, batch, l, h, heads=None, which=1):
+    with silence_heads(model.layers[l], [h] if heads is None else heads):
+        return losses(model(batch.tokens), batch)[which]
+
+
+def test_ablation_losses_passes_right_answers():
+    for fn in (ablation, ablation_by_hand, ablation_with_grad):
+        expect_pass(checks.check_ablation_losses(fn))
+
+
+def table(model, batch, entry):
+    with torch.no_grad():
+        return torch.stack([torch.stack([entry(l, h) for h in range(model.num_heads)]) for l in range(model.num_layers)])
+
+
+def whole_layer(model, batch):
+    return table(model, batch, lambda l, h: _loss_silenced(model, batch, l, h, heads=range(model.num_heads)))
+
+
+def all_tokens(model, batch):
+    return table(model, batch, lambda l, h: _loss_silenced(model, batch, l, h, which=0))
+
+
+def not_shifted(model, batch):
+    def entry(l, h):
+        with silence_heads(model.layers[l], [h]):
+            logits = model(batch.tokens)
+        return F.cross_entropy(logits[batch.predictable], batch.tokens[batch.predictable])
+
+    return table(model, batch, entry)
+
+
+def difference(model, batch):
+    with torch.no_grad():
+        intact = losses(model(batch.tokens), batch)[1]
+    return ablation(model, batch) - intact
+
+
+def layer_zero(model, batch):
+    return table(model, batch, lambda l, h: _loss_silenced(model, batch, 0, h))
+
+
+def nothing_silenced(model, batch):
+    return table(model, batch, lambda l, h: losses(model(batch.tokens), batch)[1])
+
+
+def hook_left(model, batch):
+    """Its own hooks, never removed: each silences one more head, and they stay on the model."""
+    rows = []
+    with torch.no_grad():
+        for layer in model.layers:
+            d_k = layer.d_k
+            row = []
+            for h in range(layer.num_heads):
+                def zero(module, args, h=h):
+                    x = args[0].clone()
+                    x[..., h * d_k:(h + 1) * d_k] = 0
+                    return (x,)
+
+                layer.W_o.register_forward_pre_hook(zero)  # the handle is dropped: never removed
+                row.append(losses(model(batch.tokens), batch)[1])
+            rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def train_mode(model, batch):
+    model.train()
+    return ablation(model, batch)
+
+
+def zeroes_weights(model, batch):
+    out = ablation(model, batch)
+    with torch.no_grad():
+        model.layers[0].W_o.weight[:, 0] = 0.0
+    return out
+
+
+def grad_off(model, batch):
+    torch.set_grad_enabled(False)
+    return ablation(model, batch)
+
+
+def backward_left(model, batch):
+    out = ablation_with_grad(model, batch)
+    out.sum().backward()
+    return out.detach()
+
+
+def as_python_floats(model, batch):
+    return torch.tensor(ablation(model, batch).tolist())  # float32, whatever the model's dtype
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (whole_layer, ("whole layer", "[h]")),
+    (all_tokens, ("all tokens", "predictable")),
+    (not_shifted, ("wrong position", "t + 1")),
+    (difference, ("increase over the intact model's loss",)),
+    (layer_zero, ("layer 0",)),
+    (nothing_silenced, ("nothing was silenced", "inside")),
+    (lambda m, b: ablation(m, b).T, ("transposed", "(num_layers, h)")),
+    (lambda m, b: ablation(m, b).flatten(), ("expected (num_layers, h)", "one row per layer")),
+    (hook_left, ("left a hook", "with silence_heads")),
+    (train_mode, ("training mode",)),
+    (zeroes_weights, ("changed the model's parameters",)),
+    (grad_off, ("gradients switched off", "with torch.no_grad()")),
+    (backward_left, ("gradients in the model's parameters",)),
+    (as_python_floats, ("dtype torch.float32 for a model of dtype torch.float64", "torch.stack")),
+])
+def test_ablation_losses_names_the_mistake(wrong, words):
+    try:
+        expect_fail(checks.check_ablation_losses(wrong), *words)
+    finally:
+        torch.set_grad_enabled(True)
+    assert torch.is_grad_enabled()
+
+
+def test_ablation_losses_swapped_values_are_named():
+    # With as many heads as layers the shape can't tell: the values do (the second case, 2 x 2).
+    def swapped_when_square(model, batch):
+        out = ablation(model, batch)
+        return out.T if out.shape[0] == out.shape[1] else out
+
+    expect_fail(checks.check_ablation_losses(swapped_when_square), "rows and columns are swapped")
+
+
+def test_the_checks_leave_the_random_state_and_the_threads_alone():
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    checks.check_repeated_segment_batch(segment_batch)
+    threads = torch.get_num_threads()
+    checks.check_ablation_losses(ablation)  # runs its small models on one thread, then restores the count
+    assert torch.equal(torch.rand(1), before) and torch.get_num_threads() == threads
