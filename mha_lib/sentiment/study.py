@@ -149,11 +149,11 @@ def run_seed(seed: int, parts: Iterable[str] = PARTS, device: torch.device | str
     return run
 
 
-def _progress(label: str, done: int, total: int, started: float) -> None:
+def _progress(label: str, done: int, total: int, started: float, unit: str = "seeds") -> None:
     """A plain-text progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
     width = 24
     filled = round(width * done / total)
-    line = f"{label:>8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} seeds, {time.perf_counter() - started:.0f} s"
+    line = f"{label:>8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {unit}, {time.perf_counter() - started:.0f} s"
     if sys.stderr.isatty():
         sys.stderr.write("\r" + line + ("\n" if done == total else ""))
     else:
