@@ -6,9 +6,10 @@ Each chapter derives a piece and the next chapters import it from here:
 - :func:`causal_mask`, :func:`padding_mask` (chapters 01, 04)
 - :class:`AttentionHead` (chapter 02)
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
-- :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 07)
-- :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 09)
 - :func:`sinusoidal_positions`, :func:`apply_rotary` (chapter 06, positions inside attention)
+- :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 07)
+- :mod:`mha_lib.induction`: induction heads in an attention-only transformer (chapter 08)
+- :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 09)
 - :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 10, attention at inference)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)

@@ -2,10 +2,9 @@
 
 A training run's numbers differ in the last digits between CPUs (PyTorch picks AVX-512, AVX2
 or plain C++ kernels for the machine), and a short training run amplifies that. The notebooks
-that train (chapter 07, chapter 11's solution and exercise) never let nbval compare such
-numbers verbatim. This
-test proves it: it runs them under strict nbval with ``ATEN_CPU_CAPABILITY=default``, the plain
-C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
+that train (chapters 07 and 08, the solutions and exercises of chapters 08 and 11) never let
+nbval compare such numbers verbatim. This test proves it: it runs them under strict nbval with
+``ATEN_CPU_CAPABILITY=default``, the plain C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
 breaks bfloat16 matrix products, which that chapter uses.)
 """
 
@@ -17,18 +16,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Every notebook that trains a model (its py:percent pair calls train_model), found by content so
-# that a new training notebook is covered by itself. The others print only rounded results of
+# Every notebook that trains a model (its py:percent pair calls train_model or train_induction),
+# found by content so that a new training notebook is covered by itself. The others print only rounded results of
 # short, untrained computations, which no kernel path sends down another road (all of them passed
 # under ATEN_CPU_CAPABILITY=default when this test was narrowed to the training notebooks).
-# Today: chapter 07, and the solution and exercise of chapter 11.
+# Today: chapters 07 and 08, and the solutions and exercises of chapters 08 and 11.
 NOTEBOOKS = sorted(str(py.with_suffix(".ipynb").relative_to(ROOT))
                    for folder in ("chapters", "solutions", "exercises")
-                   for py in (ROOT / folder).glob("[0-9][0-9]_*.py") if "train_model(" in py.read_text())
+                   for py in (ROOT / folder).glob("[0-9][0-9]_*.py")
+                   if any(call in py.read_text() for call in ("train_model(", "train_induction(")))
 
 
 def test_training_notebooks_pass_strict_nbval_on_the_default_kernels():
-    assert {"chapters/07_heads_at_work.ipynb", "solutions/11_restricting_heads.ipynb"} <= set(NOTEBOOKS)
+    assert {"chapters/07_heads_at_work.ipynb", "chapters/08_heads_that_compose.ipynb",
+            "solutions/11_restricting_heads.ipynb"} <= set(NOTEBOOKS)
     assert all((ROOT / nb).exists() for nb in NOTEBOOKS)
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default", MHA_DEVICE="cpu")
     result = subprocess.run(
