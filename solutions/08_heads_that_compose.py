@@ -286,7 +286,9 @@ def row(values):
 print(f"intact model: loss on the predictable tokens {intact:.2f}  (a uniform guess: ln {VOCAB_SIZE} = "
       f"{math.log(VOCAB_SIZE):.2f})")
 print(f"uniform baselines: previous-token {base_previous:.2f}, induction {base_induction:.2f}\n")
-print(f"{'':8}{'previous-token score':>26}{'induction score':>27}{'loss, head silenced':>29}")
+heads = "  ".join(f"{f'h{h}':>5}" for h in range(model.num_heads))  # column labels: head 0, 1, ...
+print(f"{'':10}{'previous-token score':<29}{'induction score':<29}{'loss, head silenced'}")
+print(f"{'':10}{heads}   {heads}   {heads}")
 for l in range(model.num_layers):
     print(f"layer {l + 1}   {row(previous[l])}   {row(induction[l])}   {row(silenced[l])}")
 # END SOLUTION
@@ -308,6 +310,9 @@ assert (previous < role_threshold(base_previous)).all()  # no previous-token hea
 assert len(needed) == 1 and needed[0][0] == 0  # one head of layer 1, and only it, is needed
 key_head = needed[0][1]
 assert duplicate[0, key_head] >= role_threshold(base_induction)  # ... and it is a duplicate-token head
+second = [h for h in range(4) if h != key_head and duplicate[0, h] >= role_threshold(base_induction)]
+assert len(second) == 1 and duplicate[0, second[0]] < duplicate[0, key_head]  # one more, weaker duplicate-token head
+assert silenced[0, second[0]] < phase  # silencing it alone costs less
 print(f"needed: layer 1, head {key_head}; silenced, the loss rises past half of ln 64; "
       "it is a duplicate-token head, not a previous-token head")
 
@@ -337,7 +342,9 @@ print(f"needed: layer 1, head {key_head}; silenced, the loss rises past half of 
 # So the induction heads of layer 2 need that one head of layer 1: the two layers compose. It is
 # not the textbook previous-token head: from the second copy it puts about 0.9 of its attention
 # on the *earlier occurrence of the current token itself* (`duplicate_token_score`), and elsewhere
-# mostly on its own position. Chapter 08 shows through which input the induction heads read it
+# mostly on its own position. Head 2 of layer 1 is a second, weaker duplicate-token head (about
+# 0.8): silencing it alone costs less (about 1.45), and it is why silencing head 1 does not take
+# the loss all the way back (chapter 08 silences both). Chapter 08 shows through which input the induction heads read it
 # (their queries) and that this holds across the runs of its seed study.
 #
 # The lesson: a score tests a hypothesis chosen in advance ("is this a previous-token head?");

@@ -361,6 +361,13 @@ FINDINGS: dict[str, tuple[Callable[[Run], bool], Callable[[Run], bool]]] = {
     "rotary: layer 2 needs it in its keys": (
         _is("rotary", 2, changed=True),
         lambda r: r["composition"]["k"]["loss"][top_head(r, 0, "previous_token")] >= _base(r)["phase_threshold"]),
+    "rotary: a duplicate-token head in layer 1": (
+        _is("rotary", 2, changed=True), lambda r: max(r["scores"][0]["duplicate"]) >= _base(r)["induction_head"]),
+    "rotary: no layer-1 head is needed in the queries": (
+        _is("rotary", 2, changed=True), lambda r: max(r["composition"]["q"]["loss"]) < _base(r)["phase_threshold"]),
+    "rotary: the queries still read the duplicate-token head": (
+        _is("rotary", 2, changed=True),
+        lambda r: r["composition"]["q"]["loss"][top_head(r, 0, "duplicate")] > r["loss"]["predictable"]),
 }
 # How many runs each finding holds in, in the committed study: chapter 08 states these counts,
 # and tests/test_induction_study.py checks that the file gives them.
@@ -378,6 +385,9 @@ STATED: dict[str, tuple[int, int]] = {
     "rotary: all four layer-2 heads are induction heads": (9, 10),
     "rotary: a previous-token head in layer 1": (9, 10),
     "rotary: layer 2 needs it in its keys": (9, 10),
+    "rotary: a duplicate-token head in layer 1": (8, 10),
+    "rotary: no layer-1 head is needed in the queries": (9, 10),
+    "rotary: the queries still read the duplicate-token head": (10, 10),
 }
 
 
