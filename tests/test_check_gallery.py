@@ -406,3 +406,373 @@ def test_testing_a_mask_for_truth_gets_a_hint_that_names_it():
         return w @ v, w
 
     expect_fail(checks.check_scaled_dot_product_attention(if_mask), "if mask:", "if mask is not none", status="error")
+
+
+# ------------------------------------------------------------------ issue 22: the later chapters' checks
+# Each kind of wrong answer that once passed (or got a hint naming another cause) is rejected with a
+# hint that names it; the right answers written in other ways keep passing.
+
+import torch.nn.functional as F  # noqa: E402
+
+
+def _rope(x, pos, dtype=None):
+    """Half-split RoPE; ``dtype``: the dtype of the angles (float32 loses float64's precision)."""
+    half = x.size(-1) // 2
+    dtype = dtype or x.dtype
+    angle = pos.to(dtype)[:, None] * 10000 ** (-2 * torch.arange(half, dtype=dtype) / x.size(-1))
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def _rope_hf(x, pos):
+    """Hugging Face's way, in x's dtype: x * cos + rotate_half(x) * sin with every angle written twice."""
+    d = x.size(-1)
+    freqs = pos.to(x.dtype)[:, None] / 10000 ** (torch.arange(0, d, 2).to(x.dtype) / d)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, h: x.unflatten(-1, (h, -1)).transpose(1, 2),
+    lambda x, h: torch.stack(x.chunk(h, dim=-1), dim=1),
+])
+def test_split_heads_written_otherwise_passes(fn):
+    expect_pass(checks.check_split_heads(fn))
+
+
+def test_split_heads_must_keep_the_dtype():
+    expect_fail(checks.check_split_heads(lambda x, h: x.float().view(x.size(0), x.size(1), h, -1).transpose(1, 2)),
+                "dtype torch.float32 for inputs of dtype torch.float64")
+
+
+def _softmax_by_hand(q, k, v, mask=None):
+    """exp(s) / sum(exp(s)) without the maximum: right for small scores, inf / inf for large ones."""
+    e = torch.exp(q @ k.mT / math.sqrt(q.size(-1)))
+    if mask is not None:
+        e = e * mask
+    total = e.sum(-1, keepdim=True)
+    w = torch.where(total > 0, e / total.clamp_min(1e-30), torch.zeros_like(e))
+    return w @ v, w
+
+
+def test_attention_without_the_maximum_overflows_and_is_named():
+    expect_fail(checks.check_masked_attention(_softmax_by_hand), "inf or nan", "without subtracting the maximum",
+                "exp(100)")
+    expect_fail(checks.check_scaled_dot_product_attention(_softmax_by_hand), "without subtracting the maximum")
+
+
+def test_masked_attention_with_type_as_and_additive_masks_passes():
+    def type_as(q, k, v, mask=None):
+        out, w = sdpa_safe_where(q.double(), k.double(), v.double(), mask)
+        return out.type_as(q), w.type_as(q)
+
+    def additive(q, k, v, mask=None):
+        s = q @ k.mT * q.size(-1) ** -0.5
+        keep = torch.ones(1, dtype=torch.bool)
+        if mask is not None:
+            s = s + torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -1e30)
+            keep = mask.any(-1, keepdim=True)
+        w = s.softmax(-1) * keep
+        return w @ v, w
+
+    expect_pass(checks.check_masked_attention(type_as))
+    expect_pass(checks.check_masked_attention(additive))
+
+
+# 6.1: precision
+
+
+def test_apply_rotary_precision_must_be_kept():
+    expect_fail(checks.check_apply_rotary(lambda x, p: _rope(x.float(), p)), "dtype torch.float32")
+    result = checks.check_apply_rotary(lambda x, p: _rope(x, p, dtype=torch.float32))  # cast back: still float32's digits
+    expect_fail(result, "float32", "dtype=x.dtype")
+    assert "half-split" not in str(result)  # the pairing is right: don't blame it
+
+
+def test_apply_rotary_hf_style_and_cast_back_pass_when_precise():
+    expect_pass(checks.check_apply_rotary(_rope_hf))
+    expect_pass(checks.check_apply_rotary(lambda x, p: _rope(x.double(), p).to(x.dtype)))
+
+
+def test_apply_rotary_off_by_one_positions_are_named():
+    expect_fail(checks.check_apply_rotary(lambda x, p: _rope(x, p + 1)), "off by one")
+
+
+# 6.2: masks that are neither none nor causal, scales, positions from the wrong axis
+
+
+def _rotary(q, k, v, mask=None, *, positions_from=-2, mask_mode="before", scale=None, is_causal=False):
+    pos = torch.arange(q.size(positions_from))
+    q, k = _rope(q, pos), _rope(k, pos)
+    if is_causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=mask is not None)
+    s = q @ k.mT / (math.sqrt(q.size(-1)) if scale is None else scale)
+    if mask is not None and mask_mode in ("before", "inverted"):
+        s = s.masked_fill(mask if mask_mode == "inverted" else ~mask, float("-inf"))
+    w = s.softmax(-1)
+    if mask is not None and mask_mode == "after":
+        w = w * mask
+    return w @ v
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda q, k, v, mask=None: _rotary(q, k, v, mask, is_causal=True), ("causal mask was used instead of the mask given",)),
+    (lambda q, k, v, mask=None: _rotary(q, k, v, mask, mask_mode="inverted"), ("mask is inverted",)),
+    (lambda q, k, v, mask=None: _rotary(q, k, v, mask, mask_mode="after"), ("after the softmax",)),
+    (lambda q, k, v, mask=None: _rotary(q, k, v, mask, scale=q.size(-1)), ("divided by d_k instead of √d_k",)),
+    (lambda q, k, v, mask=None: _rotary(q, k, v, mask, positions_from=-1), ("head dimension", "query.size(-2)")),
+    (lambda q, k, v, mask=None: _rotary(q.float(), k.float(), v.float(), mask), ("dtype torch.float32",)),
+])
+def test_rotary_attention_names_more_mistakes(wrong, words):
+    expect_fail(checks.check_rotary_attention(wrong), *words)
+
+
+def test_rotary_attention_written_otherwise_passes():
+    def hf_and_additive(q, k, v, mask=None):
+        pos = torch.arange(q.size(-2))
+        add = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(_rope_hf(q, pos), _rope_hf(k, pos), v, attn_mask=add)
+
+    expect_pass(checks.check_rotary_attention(hf_and_additive))
+    expect_pass(checks.check_rotary_attention(lambda q, k, v, mask=None: _rotary(q, k, v, mask)))
+
+
+# 9.2: block by block, with a running maximum per query
+
+
+def _blockwise(q, k, v, b, *, max_mode="running", keep_m=True, skip_last=False):
+    scale = q.size(-1) ** -0.5
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+    if max_mode == "first":  # one maximum over the whole score matrix, taken first
+        m = (q @ k.mT * scale).amax(-1, keepdim=True)
+    if max_mode == "two passes":
+        for st in range(0, k.size(-2), b):
+            m = torch.maximum(m, (q @ k[..., st:st + b, :].mT * scale).amax(-1, keepdim=True))
+    l, o = torch.zeros_like(m), torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype)
+    end = k.size(-2) // b * b if skip_last else k.size(-2)
+    for st in range(0, end, b):
+        s = q @ k[..., st:st + b, :].mT * scale
+        if max_mode == "none":
+            p = s.exp()
+            l, o = l + p.sum(-1, keepdim=True), o + p @ v[..., st:st + b, :]
+            continue
+        if max_mode in ("first", "two passes"):
+            p = (s - m).exp()
+            l, o = l + p.sum(-1, keepdim=True), o + p @ v[..., st:st + b, :]
+            continue
+        m_new = torch.maximum(m, s.amax() if max_mode == "scalar" else s.amax(-1, keepdim=True))
+        p, f = (s - m_new).exp(), (m - m_new).exp()
+        l, o = l * f + p.sum(-1, keepdim=True), o * f + p @ v[..., st:st + b, :]
+        if keep_m:
+            m = m_new
+    return o / l
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda q, k, v, b: torch.softmax(q @ k.mT / math.sqrt(q.size(-1)), -1) @ v, ("not blockwise", "(..., 5, 11)")),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, max_mode="first"), ("not blockwise",)),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, max_mode="two passes"), ("computed twice", "first pass")),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, max_mode="none"), ("without subtracting a running maximum", "overflow")),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, max_mode="scalar"), ("shared by all queries", "amax(dim=-1")),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, keep_m=False), ("m = m_new is missing",)),
+    (lambda q, k, v, b: _blockwise(q, k, v, b, skip_last=True), ("last, shorter block", "was skipped")),
+    (lambda q, k, v, b: _blockwise(q.float(), k.float(), v.float(), b), ("dtype torch.float32",)),
+])
+def test_blockwise_attention_names_more_mistakes(wrong, words):
+    expect_fail(checks.check_blockwise_attention(wrong), *words)
+
+
+def test_blockwise_attention_written_otherwise_passes():
+    def split_einsum(q, k, v, b):
+        m = l = o = None
+        for kb, vb in zip(k.split(b, dim=-2), v.split(b, dim=-2)):
+            s = torch.einsum("...qd,...kd->...qk", q, kb) / q.size(-1) ** 0.5
+            if m is None:
+                m = s.amax(-1, keepdim=True)
+                p = (s - m).exp()
+                l, o = p.sum(-1, keepdim=True), p @ vb
+                continue
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, f = (s - m_new).exp(), (m - m_new).exp()
+            l, o, m = l * f + p.sum(-1, keepdim=True), o * f + p @ vb, m_new
+        return o / l
+
+    expect_pass(checks.check_blockwise_attention(split_einsum))
+    expect_pass(checks.check_blockwise_attention(_blockwise))
+
+
+# 10.1 and 10.2
+
+
+def test_sliding_window_without_the_lower_bound_is_named():
+    def upper_only(L, w):
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        return i - j < w
+
+    expect_fail(checks.check_sliding_window_mask(upper_only), "lower bound i - j >= 0 is missing")
+    def with_a_sink(L, w):  # key 0 always visible: no known mistake explains it
+        i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+        return (i - j >= 0) & ((i - j < w) | (j == 0))
+
+    result = checks.check_sliding_window_mask(with_a_sink)
+    expect_fail(result, "query 3 may attend to keys 0, 1, 2, 3, expected keys 1, 2, 3")
+    expect_pass(checks.check_sliding_window_mask(lambda L, w: torch.ones(L, L, dtype=torch.bool).tril().triu(-(w - 1))))
+
+
+def test_repeat_kv_keeps_the_dtype_and_says_which_heads_came_from_where():
+    expect_fail(checks.check_repeat_kv(lambda x, n: torch.repeat_interleave(x.float(), n, dim=1)), "dtype torch.float32")
+    result = checks.check_repeat_kv(lambda x, n: torch.repeat_interleave(x, n, dim=2).reshape(
+        x.size(0), -1, x.size(2), x.size(3)))
+    expect_fail(result, "none of its heads is a head of x")
+    expect_pass(checks.check_repeat_kv(lambda x, n: x[:, torch.arange(x.size(1) * n) // n]))
+
+
+# 10.3: state kept between calls, precision, and the cache's own mistakes
+
+
+def _cached(q, k, v, kc, vc, *, start=None, q_start=None, rerotate=False, diagonal=None, twice=False, only_new=False,
+            cast=None):
+    T, n = kc.size(-2), q.size(-2)
+    pos = torch.arange(n) + (T if start is None else start)
+    q = mha_lib.apply_rotary(q, pos if q_start is None else torch.arange(q_start, q_start + n))
+    k_rot = mha_lib.apply_rotary(k, pos)
+    k_all = (mha_lib.apply_rotary(torch.cat([kc, k], -2), torch.arange(T + n)) if rerotate
+             else torch.cat([kc, k_rot], -2))
+    v_all = torch.cat([vc, v], -2)
+    mask = torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T if diagonal is None else diagonal(T))
+    out = mha_lib.scaled_dot_product_attention(q, k_all, v_all, mask)[0]
+    if twice:
+        k_all, v_all = torch.cat([k_all, k_rot], -2), torch.cat([v_all, v], -2)
+    if only_new:
+        k_all, v_all = k_rot, v
+    if cast is not None:
+        k_all, v_all = k_all.to(cast), v_all.to(cast)
+    return out, k_all, v_all
+
+
+class _GlobalCache:
+    """Keeps its own cache (reset on an empty one) and ignores the caches it is given."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __call__(self, q, k, v, kc, vc):
+        if self.k is None or kc.size(-2) == 0:
+            self.k, self.v = kc.clone(), vc.clone()
+        T, n = self.k.size(-2), q.size(-2)
+        pos = torch.arange(T, T + n)
+        q, k = mha_lib.apply_rotary(q, pos), mha_lib.apply_rotary(k, pos)
+        self.k, self.v = torch.cat([self.k, k], -2), torch.cat([self.v, v], -2)
+        mask = torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T)
+        return mha_lib.scaled_dot_product_attention(q, self.k, self.v, mask)[0], self.k, self.v
+
+
+class _StepCounter:
+    """Counts the positions itself, across calls."""
+
+    def __init__(self):
+        self.step = 0
+
+    def __call__(self, q, k, v, kc, vc):
+        n = q.size(-2)
+        out = _cached(q, k, v, kc, vc, start=self.step)
+        self.step += n
+        return out
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda: _GlobalCache(), ("called twice with the same arguments", "keeps state between calls")),
+    (lambda: _StepCounter(), ("called twice with the same arguments", "step counter")),
+    (lambda: lambda *a: _cached(*a, cast=torch.float32), ("dtype torch.float32",)),
+    (lambda: lambda *a: _cached(*a, rerotate=True), ("cached keys were rotated again",)),
+    (lambda: lambda *a: _cached(*a, q_start=0), ("queries' positions restart at 0",)),
+    (lambda: lambda *a: _cached(*a, diagonal=lambda T: T - 1), ("hides each new token from itself",)),
+    (lambda: lambda q, k, v, kc, vc: _cached(q, k, v, kc, vc, start=kc.size(-2) + 1), ("positions start at 1",)),
+    (lambda: lambda *a: _cached(*a, twice=True), ("appended twice",)),
+    (lambda: lambda *a: _cached(*a, only_new=True), ("only the new chunk was returned",)),
+])
+def test_cached_attention_names_more_mistakes(wrong, words):
+    expect_fail(checks.check_cached_attention(wrong()), *words)
+
+
+def test_cached_attention_written_otherwise_passes():
+    def hf_additive(q, k, v, kc, vc):
+        T, n = kc.shape[-2], q.shape[-2]
+        pos = torch.arange(T, T + n)
+        q, k = _rope_hf(q, pos), _rope_hf(k, pos)
+        kc, vc = torch.cat((kc, k), -2), torch.cat((vc, v), -2)
+        add = torch.zeros(n, T + n, dtype=q.dtype).masked_fill(torch.arange(T + n)[None] > pos[:, None], float("-inf"))
+        return F.scaled_dot_product_attention(q, kc, vc, attn_mask=add), kc, vc
+
+    expect_pass(checks.check_cached_attention(hf_additive))
+    expect_pass(checks.check_cached_attention(_cached))
+
+
+# 11.1 and 11.2: an inverted mask is the swapped one
+
+
+def test_an_inverted_halves_mask_is_named_as_well_as_swapped_heads():
+    expect_fail(checks.check_halves_mask(lambda L: ~halves_right(L)), "heads are swapped", "mask is inverted")
+    expect_fail(checks.check_halves_mask(lambda L: halves_right(L) & halves_right(L).transpose(1, 2)),
+                "both the queries and the keys")
+    result = checks.check_halves_mask(lambda L: halves_right(L) | torch.eye(L, dtype=torch.bool))
+    expect_fail(result, "query", "expected key")  # no known mistake: which row differs, and how
+
+
+def test_restricted_attention_names_an_inverted_mask_and_weights_zeroed_after_the_softmax():
+    def by_hand(mha, x, after=False, additive=False):
+        B, L, D = x.shape
+        q, k, v = (f(x).view(B, L, 2, D // 2).transpose(1, 2) for f in (mha.W_q, mha.W_k, mha.W_v))
+        s = q @ k.mT / math.sqrt(D // 2)
+        if additive:
+            s = s + torch.zeros(2, L, L, dtype=x.dtype).masked_fill(~halves_right(L), float("-inf"))
+            w = s.softmax(-1)
+        elif after:
+            w = s.softmax(-1) * halves_right(L)
+        else:
+            w = s.masked_fill(~halves_right(L), float("-inf")).softmax(-1)
+        return mha.W_o((w @ v).transpose(1, 2).reshape(B, L, D)), w
+
+    expect_fail(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=~halves_right(x.size(1)), return_weights=True)),
+        "heads are swapped", "mask is inverted")
+    expect_fail(checks.check_restricted_attention(lambda mha, x: by_hand(mha, x, after=True)),
+                "after the softmax", "without renormalising")
+    expect_pass(checks.check_restricted_attention(by_hand))
+    expect_pass(checks.check_restricted_attention(lambda mha, x: by_hand(mha, x, additive=True)))
+
+
+# every check: a stub of an earlier exercise is named, and the verdict comes within a second
+
+
+def test_a_check_waiting_on_an_earlier_exercise_says_so():
+    def halves_mask(seq_len):
+        raise NotImplementedError
+
+    def restricted_attention(mha, x):
+        return mha(x, x, x, mask=halves_mask(x.size(1)), return_weights=True)
+
+    result = checks.check_restricted_attention(restricted_attention)
+    expect_fail(result, "it calls halves_mask, which still raises notimplementederror", status="not implemented")
+
+    def stub(mha, x):
+        raise NotImplementedError
+
+    assert checks.check_restricted_attention(stub).message == "not implemented yet (it raises NotImplementedError)"
+
+
+@pytest.mark.parametrize(("check", "fn"), [
+    (checks.check_blockwise_attention, _blockwise),
+    (checks.check_cached_attention, _cached),
+    (checks.check_rotary_attention, lambda q, k, v, mask=None: _rotary(q, k, v, mask)),
+    (checks.check_masked_attention, sdpa_safe_where),
+])
+def test_each_verdict_comes_within_a_second(check, fn):
+    import time
+
+    check(fn)  # warm up PyTorch's kernels
+    start = time.perf_counter()
+    expect_pass(check(fn))
+    assert time.perf_counter() - start < 1.0

@@ -213,3 +213,81 @@ def test_a_notebook_that_hangs_is_stopped_and_the_rest_is_reported(tmp_path):
     text = progress.render(report)
     assert "⌛ the cell \"import time\" was still running" in text and "⏸ not checked" in text
     assert text.splitlines()[-1].startswith("0 of 2 exercises done. Ran 1 notebook from workspace/")
+
+
+# ------------------------------------------------------------- verdicts (issue 22)
+
+def _outcome(*records):
+    from mha_lib.progress.runner import _Outcome
+
+    return _Outcome(records=[dict(check=c, status=s, message=m) for c, s, m in records], check_cells=1)
+
+
+def test_the_last_run_of_a_check_is_its_verdict():
+    from mha_lib.progress.runner import _verdict
+
+    exercise = Exercise("03_x", "3.2", "Split", ("check_split_heads",))
+    fixed = _outcome(("split into heads", "failed", "wrong values"), ("split into heads", "passed", "correct"))
+    assert _verdict(exercise, fixed) == ("passed", "passed")
+    broke = _outcome(("split into heads", "passed", "correct"), ("split into heads", "failed", "wrong values"))
+    assert _verdict(exercise, broke) == ("failed", "wrong values")
+    two_checks = _outcome(("a", "failed", "wrong a"), ("b", "passed", "ok"), ("a", "passed", "ok"))
+    assert _verdict(Exercise("03_x", "3.3", "Two", ("check_a", "check_b")), two_checks) == ("passed", "passed")
+
+
+def test_a_check_waiting_on_an_earlier_exercise_says_which():
+    from mha_lib.progress.runner import _definitions, _verdict
+
+    first = Exercise("11_x", "11.1", "Halves", ("check_halves_mask",))
+    second = Exercise("11_x", "11.2", "Restricted", ("check_restricted_attention",))
+    cells = [{"cell_type": "markdown", "source": "### Exercise 11.1 · Halves"},
+             {"cell_type": "code", "source": "def halves_mask(seq_len):\n    raise NotImplementedError"},
+             {"cell_type": "markdown", "source": "### Exercise 11.2 · Restricted"},
+             {"cell_type": "code", "source": "def restricted_attention(mha, x):\n    return mha(x, x, x)"}]
+    owners = progress._assign_cells(cells, [first, second])
+    definitions = _definitions(cells, owners)
+    assert definitions == {"halves_mask": "11.1", "restricted_attention": "11.2"}
+    waiting = _outcome(("restricted multi-head attention", "not implemented",
+                        "not implemented yet: it calls halves_mask, which still raises NotImplementedError"))
+    assert _verdict(second, waiting, definitions) == (
+        "not implemented", "waits for exercise 11.1: halves_mask is not implemented yet")
+    assert _verdict(second, waiting, {}) == ("not implemented", "waits for halves_mask, which is not implemented yet")
+    own_stub = _outcome(("halves mask", "not implemented", "not implemented yet (it raises NotImplementedError)"))
+    assert _verdict(first, own_stub, definitions) == ("not implemented", "not implemented yet")
+
+
+def test_waiting_and_last_runs_in_a_kernel(tmp_path):
+    """A tiny course run for real: 1.2 calls 1.1's stub; 1.3's wrong attempt sits above its fixed one."""
+    root = tmp_path / "course"
+    (root / "exercises").mkdir(parents=True)
+    (root / "workspace").mkdir()
+
+    def notebook(cells):
+        return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
+                           **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+                          for i, (kind, source) in enumerate(cells)],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+
+    head = [("markdown", "# Exercises · Chapter 01 · Tiny"),
+            ("code", "import torch\nfrom mha_lib.checks import check_causal_mask, check_halves_mask, "
+                     "check_restricted_attention")]
+    (root / "exercises" / "01_tiny.ipynb").write_text(json.dumps(notebook(head + [
+        ("markdown", "## Exercise 1.1 · Halves"), ("code", "check_halves_mask(halves_mask)"),
+        ("markdown", "## Exercise 1.2 · Restricted"), ("code", "check_restricted_attention(restricted_attention)"),
+        ("markdown", "## Exercise 1.3 · Causal"), ("code", "check_causal_mask(causal_mask)")])))
+    (root / "workspace" / "01_tiny.ipynb").write_text(json.dumps(notebook(head + [
+        ("markdown", "## Exercise 1.1 · Halves"),
+        ("code", "def halves_mask(seq_len):\n    raise NotImplementedError"), ("code", "check_halves_mask(halves_mask)"),
+        ("markdown", "## Exercise 1.2 · Restricted"),
+        ("code", "def restricted_attention(mha, x):\n"
+                 "    return mha(x, x, x, mask=halves_mask(x.size(1)), return_weights=True)"),
+        ("code", "check_restricted_attention(restricted_attention)"),
+        ("markdown", "## Exercise 1.3 · Causal"),
+        ("code", "check_causal_mask(lambda L: torch.ones(L, L, dtype=torch.bool))"),  # the first attempt
+        ("code", "check_causal_mask(lambda L: torch.ones(L, L, dtype=torch.bool).tril())")])))  # fixed
+    report = progress.check_workspace(root, timeout=60)
+    rows = {r.exercise.number: (r.status, r.message) for r in report.rows if r.exercise}
+    assert rows == {"1.1": ("not implemented", "not implemented yet"),
+                    "1.2": ("not implemented", "waits for exercise 1.1: halves_mask is not implemented yet"),
+                    "1.3": ("passed", "passed")}, report.rows

@@ -84,9 +84,35 @@ def _hint(error: BaseException, line: str) -> str:
     return "Call it yourself on small inputs and read the full traceback."
 
 
+def _learner_frame(frame: Any) -> bool:
+    path = frame.f_code.co_filename
+    return not (_inside(path, _MHA_LIB) or _inside(path, _TORCH) or _inside(path, _STDLIB)
+                or "site-packages" in path.replace("\\", "/"))
+
+
+def stub_elsewhere(error: BaseException) -> str | None:
+    """The name of another function of the learner's that raised NotImplementedError (a stub of an
+    earlier exercise that the checked code calls), or None when the checked code itself is the stub.
+
+    Only plain functions count: a method (a ``self`` argument) belongs to the class under check."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__) if _learner_frame(frame)]
+    if len(frames) < 2 or frames[-1].f_code is frames[0].f_code:
+        return None
+    deepest = frames[-1]
+    name = deepest.f_code.co_name
+    if name.startswith("<") or "self" in deepest.f_code.co_varnames[:1] or name == frames[0].f_code.co_name:
+        return None
+    return name
+
+
 def describe_error(error: BaseException, what: str) -> Verdict:
     """Turn an exception from the learner's code into a short verdict with a hint."""
     if isinstance(error, NotImplementedError):
+        other = stub_elsewhere(error)
+        if other:
+            return Verdict(NOT_IMPLEMENTED, f"not implemented yet: it calls {other}, which still raises "
+                                            "NotImplementedError",
+                           f"Write {other} first (an earlier exercise), run its cell, then this one.")
         return Verdict(NOT_IMPLEMENTED, "not implemented yet (it raises NotImplementedError)",
                        "Replace the `raise NotImplementedError` with your code, run the cell, then this one.")
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""

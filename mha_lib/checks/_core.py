@@ -33,7 +33,8 @@ from ._result import (
 __all__ = [
     "ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "CheckFailed", "CheckResult", "Mistake", "Verdict",
     "accepts", "call", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
-    "expect_tensor", "fail", "gen", "log_result", "randn", "run_check", "sqrt", "unpack_pair",
+    "expect_tensor", "fail", "float32_close", "gen", "log_result", "randn", "run_check", "sqrt", "unpack_pair",
+    "where_differs", "PRECISION_HINT",
 ]
 
 _PLURAL = {"scores", "weights", "masks", "gradients"}
@@ -127,13 +128,56 @@ def close(actual: Tensor, expected: Tensor) -> bool:
 
 Mistake = tuple[str, Callable[[], Any], str]
 
+PRECISION_HINT = ("Keep every step in the inputs' dtype: torch.arange(...) without a dtype, torch.tensor(...) of "
+                  "Python floats, .float() or a float32 table of cos/sin give float32 numbers, and casting the "
+                  "result back (.to(x.dtype), .type_as(x)) does not bring the lost digits back. Create them with "
+                  "dtype=x.dtype.")
 
-def diagnose(actual: Tensor, mistakes: Iterable[Mistake], message: str, default_hint: str) -> Verdict:
+
+def float32_close(actual: Tensor, expected: Tensor) -> bool:
+    """Whether a float64 ``actual`` misses ``expected`` only by float32's rounding error."""
+    if actual.dtype != torch.float64 or actual.shape != expected.shape:
+        return False
+    a, e = actual.detach().to("cpu", torch.float64), expected.detach().to("cpu", torch.float64)
+    if not bool((torch.isnan(a) == torch.isnan(e)).all()):
+        return False
+    return torch.allclose(a.nan_to_num(0.0), e.nan_to_num(0.0), atol=1e-4, rtol=1e-4)
+
+
+def where_differs(actual: Tensor, expected: Tensor, *, dim: int = -2, axis: str = "position") -> str:
+    """Which entries along ``dim`` (queries, positions, heads) differ, and by how much, in words:
+    ``"positions 2, 3 differ (by up to 0.41)"``."""
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if a.shape != e.shape or a.dim() == 0:
+        return ""
+    tol = 1e-7 if actual.dtype == torch.float64 else 1e-4
+    wrong = ~torch.isclose(a, e, atol=tol, rtol=tol, equal_nan=True)
+    dim = dim % a.dim()
+    rows = wrong.movedim(dim, 0).reshape(a.size(dim), -1).any(-1).nonzero().flatten().tolist()
+    if not rows:
+        return ""
+    diff = (a - e).abs()[wrong]
+    finite = diff[torch.isfinite(diff)]
+    parts = [f"by up to {finite.max().item():.2g}"] if finite.numel() else []
+    if bool((~torch.isfinite(a[wrong])).any()):
+        parts.append("some of yours are inf or NaN")
+    by = ", ".join(parts)
+    shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    if len(rows) == a.size(dim) and a.size(dim) > 1:
+        return f"every {axis} differs ({by})"
+    return f"{axis}{'s' if len(rows) > 1 else ''} {shown} differ{'' if len(rows) > 1 else 's'} ({by})"
+
+
+def diagnose(actual: Tensor, mistakes: Iterable[Mistake], message: str, default_hint: str, *,
+             expected: Tensor | None = None, dim: int = -2, axis: str = "position") -> Verdict:
     """Find which known mistake reproduces ``actual`` and fail with its hint.
 
     ``mistakes`` yields ``(name, compute, hint)``: ``compute()`` returns what the
     mistaken code would have produced on the same inputs (or several variants of it,
-    e.g. with ``-inf`` and with ``-1e9`` as the fill value).
+    e.g. with ``-inf`` and with ``-1e9`` as the fill value). With ``expected`` (the right
+    answer), an answer off by float32's rounding only is named, and a generic verdict says
+    which entries along ``dim`` (``axis``: their name) differ and by how much.
     """
     for name, compute, hint in mistakes:
         try:
@@ -144,10 +188,17 @@ def diagnose(actual: Tensor, mistakes: Iterable[Mistake], message: str, default_
             candidates = [candidates]
         if any(close(actual, c) for c in candidates):
             return fail(f"{message}: it looks like {name}", hint)
+    if expected is not None and float32_close(actual, expected):
+        return fail(f"{message}: it is right only up to float32's rounding (about 1e-7 of each value), so part of "
+                    "the computation ran in float32 while the inputs are float64", PRECISION_HINT)
     if torch.isnan(actual).any():
         return fail(f"{message}: it contains NaN",
                     "NaN comes from 0/0 or -inf - (-inf): a softmax over a row whose scores are all "
                     "-inf (every key blocked), or a mask applied to the wrong axis.")
+    if expected is not None:
+        where = where_differs(actual, expected, dim=dim, axis=axis)
+        if where:
+            return fail(f"{message}: {where}", default_hint)
     return fail(message, default_hint)
 
 

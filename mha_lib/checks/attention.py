@@ -137,11 +137,44 @@ def _check_case(fn: Callable[..., Any], case: dict[str, Any], fully_masked: bool
             "The output is the weighted sum of the values: output = weights @ value.")
 
 
+OVERFLOW_HINT = ("exp(score) overflows float32 for scores above about 88 (exp(100) = inf, and inf / inf = NaN): "
+                 "subtract each row's maximum before exp, or use torch.softmax, which does.")
+
+
+def _check_large_scores(fn: Callable[..., Any], fully_masked: bool) -> None:
+    """Float32 scores near ±100, where a softmax written as exp(s) / sum(exp(s)) overflows."""
+    g = gen(11)
+    f32 = torch.float32
+    q, k, v = randn(g, 2, 2, 3, 4, scale=10.0, dtype=f32), randn(g, 2, 2, 5, 4, scale=10.0, dtype=f32), \
+        randn(g, 2, 2, 5, 3, dtype=f32)
+    mask = mha_masks.padding_mask([5, 3], max_len=5).expand(2, 1, 3, 5).clone()
+    if fully_masked:
+        mask[1, 0, 2] = False
+    where = f"with float32 scores as large as ±100 ({describe_shapes(query=q, key=k, value=v)}, a padding mask)"
+    args = cloned(q, k, v)
+    result = call(fn, *args, mask=mask.clone(), what="your function (large scores)")
+    output, weights = unpack_pair(result, "your function", "output", "weights")
+    expected_out, expected_w = attend(q.double(), k.double(), v.double(), mask)
+    output = expect_tensor(output, "the output", expected_out.shape, dtype=f32, explain=" (..., Lq, d_v)")
+    weights = expect_tensor(weights, "the weights", expected_w.shape, dtype=f32, explain=" (..., Lq, Lk)")
+    for got, expected, what in ((weights, expected_w, "weights"), (output, expected_out, "output")):
+        if close(got, expected):
+            continue
+        if not bool(torch.isfinite(got).all()) and bool(torch.isfinite(expected).all()):
+            raise fail(f"the {what} contain inf or NaN {where}, although every case with small scores was right: "
+                       "it looks like the softmax was computed as exp(scores) / sum(exp(scores)) without "
+                       "subtracting the maximum", OVERFLOW_HINT)
+        raise diagnose(got, [], f"the {what} are wrong {where}, although every case with small scores was right",
+                       "Compute in the inputs' dtype with torch.softmax(scores, dim=-1), which subtracts each "
+                       "row's maximum first.", expected=expected, axis="query")
+
+
 def _check_attention(fn: Callable[..., Any], name: str, fully_masked: bool) -> CheckResult:
     def body() -> str:
         cases = _attention_cases(fully_masked)
         for case in cases:
             _check_case(fn, case, fully_masked)
+        _check_large_scores(fn, fully_masked)
         _check_gradients(fn, cases[-1] if fully_masked else cases[1])
         covered = "batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks, float32 kept"
         if fully_masked:

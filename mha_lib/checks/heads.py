@@ -37,15 +37,17 @@ def check_split_heads(fn: Callable[..., Any]) -> CheckResult:
                 raise fail(f"the result has shape {(B, L, H, d_k)} (B, L, H, d_k), expected {(B, H, L, d_k)}",
                            "You stopped after the view: .transpose(1, 2) brings the head axis before the sequence axis.")
             out = expect_tensor(out, f"the result for x {tuple(x.shape)} and num_heads={H}", (B, H, L, d_k),
-                                explain=" (B, H, L, d_k)")
+                                dtype=x.dtype, explain=" (B, H, L, d_k)")
             expected = x.view(B, L, H, d_k).transpose(1, 2)
             if not close(out, expected):
                 raise diagnose(out, [
                     ("a reshape without the transpose", lambda: x.reshape(B, H, L, d_k), TRANSPOSE_HINT),
-                    ("heads built from every H-th feature", lambda: x.view(B, L, d_k, H).permute(0, 3, 1, 2),
+                    ("heads built from every H-th feature", lambda: [x.view(B, L, d_k, H).permute(0, 3, 1, 2),
+                                                                    x.view(B, L, d_k, H).permute(0, 3, 1, 2)
+                                                                    .transpose(-2, -1).reshape(B, H, L, d_k)],
                      INTERLEAVE_HINT),
                 ], f"wrong values for x {tuple(x.shape)} and num_heads={H}",
-                    "out[b, h, i] must be x[b, i, h*d_k:(h+1)*d_k].")
+                    "out[b, h, i] must be x[b, i, h*d_k:(h+1)*d_k].", expected=expected, dim=1, axis="head")
         return f"correct on {len(cases)} shapes"
 
     return run_check("split into heads", body)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from .. import heads as mha_heads
 from ..masks import padding_mask
@@ -229,11 +230,97 @@ def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResu
     return run_check("fused projection", body)
 
 
+class _ShapeRecorder(TorchFunctionMode):
+    """Record the shape of every tensor that PyTorch functions and tensor methods return, and
+    which of them were matrix products, while the learner's blockwise attention runs."""
+
+    _PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm", "baddbmm", "tensordot", "inner"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+        self.products: list[tuple[int, ...]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        name = getattr(func, "__name__", "")
+        for out in outputs:
+            if isinstance(out, Tensor):
+                self.shapes.append(tuple(out.shape))
+                if name in self._PRODUCTS:
+                    self.products.append(tuple(out.shape))
+        return result
+
+
+BLOCKWISE_HINT = ("Keep, per query, a running maximum m, a running sum l of exp(score - m) and a running output; "
+                  "rescale both by exp(m_old - m_new) when m grows; divide by l at the end.")
+
+
+def _blockwise_reads(fn: Callable[..., Any]) -> None:
+    """Run ``fn`` on sizes that tell the shapes apart (Lq=5, Lk=11, d_k=6, d_v=7, blocks of 3) and
+    watch the shapes it computes: never the (Lq, Lk) scores, each block's scores once."""
+    g = gen(62)
+    Lq, Lk, d_k, d_v, block = 5, 11, 6, 7, 3
+    q, k, v = randn(g, 2, Lq, d_k), randn(g, 2, Lk, d_k), randn(g, 2, Lk, d_v)
+    recorder = _ShapeRecorder()
+    with recorder:
+        out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block})")
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        out = out[0]
+    if any(shape[-2:] in ((Lq, Lk), (Lk, Lq)) for shape in recorder.shapes if len(shape) >= 2):
+        raise fail(f"it is not blockwise: with Lq={Lq} queries and Lk={Lk} keys in blocks of {block}, your function "
+                   f"computed a tensor of shape (..., {Lq}, {Lk}), all the scores (or weights) at once",
+                   "The point of the exercise is never to hold the (Lq, Lk) scores: take the keys and values one "
+                   "block at a time (key[..., start:start + block_size, :]) and keep a running maximum, sum and "
+                   "output per query. A maximum over the whole score matrix, taken first, needs all of it too.")
+    sizes = [min(block, Lk - start) for start in range(0, Lk, block)]  # 3, 3, 3, 2
+    scores = [shape for shape in recorder.products if len(shape) >= 2 and shape[-2] == Lq and shape[-1] in sizes]
+    if len(scores) >= 2 * len(sizes):
+        times = {2: "twice", 3: "three times"}.get(len(scores) // len(sizes), f"{len(scores) // len(sizes)} times")
+        raise fail(f"each block's scores were computed {times} (Lk={Lk} keys in "
+                   f"{len(sizes)} blocks of {block}, {len(scores)} products of a query with a block of keys): it "
+                   "looks like a first pass over the blocks finds the maximum and a second one sums",
+                   "The online softmax reads each block once: when a block raises the running maximum from m to "
+                   "m_new, rescale what was accumulated by exp(m - m_new) instead of starting over.")
+
+
+def _blockwise_stress(fn: Callable[..., Any]) -> None:
+    """Float32 scores near +100 for the first queries and near -100 for the others: exp(score)
+    overflows without a maximum, and exp(score - m) underflows when m is not each query's own."""
+    g = gen(63)
+    Lq, Lk, d_k, d_v, block = 4, 9, 4, 3, 4
+    u = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # 14² / √4 ≈ 100
+    k = (u + randn(g, 2, Lk, d_k, scale=0.6)).float()
+    q = (torch.stack([u, u, -u, -u]) + randn(g, 2, Lq, d_k, scale=0.3)).float()  # queries 0, 1 high; 2, 3 low
+    v = randn(g, 2, Lk, d_v, dtype=torch.float32)
+    out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block}, large scores)")
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        out = out[0]
+    where = "with float32 scores near +100 (queries 0, 1) and near -100 (queries 2, 3)"
+    out = expect_tensor(out, f"the output {where}", (2, Lq, d_v), dtype=torch.float32, explain=" (..., Lq, d_v)")
+    expected = attend(q.double(), k.double(), v.double())[0]
+    if close(out, expected):
+        return
+    bad = sorted({int(i) for i in (~torch.isfinite(out)).any(-1).nonzero()[:, -1].tolist()})
+    if bad and set(bad) <= {0, 1}:
+        raise fail(f"the output is inf or NaN for queries {bad} {where}: it looks like exp(score) was taken "
+                   "without subtracting a running maximum, and overflowed", "exp(100) is inf in float32 (and inf / inf is NaN): "
+                   "subtract the running maximum m from the scores before exp, p = exp(scores - m_new).")
+    if bad and set(bad) <= {2, 3}:
+        raise fail(f"the output is NaN for queries {bad} {where}: it looks like one maximum was shared by all "
+                   "queries (a scalar), so exp(score - m) underflows to 0 for the queries with small scores",
+                   "Keep a maximum per query: scores.amax(dim=-1, keepdim=True), shape (..., Lq, 1).")
+    raise diagnose(out, [], f"wrong output {where}, although the cases with small scores were right",
+                   BLOCKWISE_HINT, expected=expected, axis="query")
+
+
 def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(query, key, value, block_size) -> output``: attention computed one block
     of ``block_size`` keys at a time with a running maximum and sum (online softmax), equal
     to ``softmax(QKᵀ/√d_k) V``; query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``,
-    value ``(..., Lk, d_v)``, output ``(..., Lq, d_v)``."""
+    value ``(..., Lk, d_v)``, output ``(..., Lq, d_v)``. The (Lq, Lk) scores are never held
+    at once, each block is read once, and float32 scores near ±100 stay finite."""
 
     def body() -> str:
         g = gen(61)
@@ -246,8 +333,10 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
             if isinstance(out, (tuple, list)) and len(out) == 2:
                 out = out[0]
             where = f"for Lk={Lk} keys in blocks of {block}"
-            out = expect_tensor(out, f"the output {where}", (*batch, Lq, d_v), explain=" (..., Lq, d_v)")
-            if close(out, attend(q, k, v)[0]):
+            out = expect_tensor(out, f"the output {where}", (*batch, Lq, d_v), dtype=q.dtype,
+                                explain=" (..., Lq, d_v)")
+            expected = attend(q, k, v)[0]
+            if close(out, expected):
                 continue
 
             def online(rescale: bool = True, normalize: bool = True, scale: float | None = None) -> Tensor:
@@ -265,6 +354,9 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
                     m = m_new
                 return acc / total if normalize else acc
 
+            last = (Lk - 1) // block * block
+            whole = Lk // block * block
+            skipped = f"key {whole}" if whole == Lk - 1 else f"keys {whole} .. {Lk - 1}"
             raise diagnose(out, [
                 ("the running sum and output were not rescaled when the maximum grew", lambda: online(rescale=False),
                  "When a block raises the running maximum from m to m_new, multiply the running sum and the "
@@ -272,12 +364,19 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
                 ("the output was never divided by the running sum", lambda: online(normalize=False),
                  "At the end, divide the accumulated output by the accumulated sum of exponentials."),
                 ("the scores were not scaled", lambda: online(scale=1.0), SCALE_HINT),
-                ("only the last block was used", lambda: attend(q, k[..., (Lk - 1) // block * block:, :],
-                                                                 v[..., (Lk - 1) // block * block:, :])[0],
-                 "Accumulate over every block; a loop that overwrites instead of adding keeps only the last one."),
-            ], f"wrong output {where}",
-                "Keep, per query, a running maximum m, a running sum l of exp(score - m) and a running output; "
-                "rescale both by exp(m_old - m_new) when m grows; divide by l at the end.")
+                ("only the last block counts: the running maximum is never updated (m = m_new is missing, so "
+                 "exp(m - m_new) = 0 wipes what was accumulated at every block), or the running sums are "
+                 "overwritten instead of added to",
+                 lambda: attend(q, k[..., last:, :], v[..., last:, :])[0],
+                 "End each block with m = m_new, and accumulate: l = l * exp(m - m_new) + p.sum(-1, keepdim=True), "
+                 "o = o * exp(m - m_new) + p @ value_block."),
+                (f"the last, shorter block ({skipped}) was skipped",
+                 lambda: attend(q, k[..., :whole, :], v[..., :whole, :])[0],
+                 "Loop with range(0, Lk, block_size): slicing key[..., start:start + block_size, :] gives the last, "
+                 "shorter block by itself."),
+            ], f"wrong output {where}", BLOCKWISE_HINT, expected=expected, axis="query")
+        _blockwise_reads(fn)
+        _blockwise_stress(fn)
         return f"equals softmax attention on {len(cases)} cases (blocks that don't divide Lk included)"
 
     return run_check("blockwise attention", body)

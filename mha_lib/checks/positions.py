@@ -10,7 +10,9 @@ from torch import Tensor
 
 from .. import positions as _positions
 from ._core import (
+    ERROR,
     CheckResult,
+    Verdict,
     call,
     check_unchanged,
     cloned,
@@ -18,11 +20,13 @@ from ._core import (
     describe_shapes,
     diagnose,
     expect_tensor,
+    fail,
     gen,
     randn,
     run_check,
 )
 from ._reference import attend as reference_attend
+from ._reference import flavours
 
 CONVENTION = ("The course pairs feature i with feature i + d_k/2 (half-split): a, b = x[..., :d_k//2], "
               "x[..., d_k//2:], then cat([a·cos - b·sin, a·sin + b·cos], dim=-1), with the angle "
@@ -87,6 +91,9 @@ def _rotary_mistakes(x: Tensor, positions: Tensor) -> list[tuple[str, Callable[[
         ("the frequencies use i = 0, 2, 4, ... and a factor 2 (θ_i = base^(-4i/d_k))",
          lambda: rotate(x, positions, exponent=4.0),
          "Either i = 0 .. d_k/2 - 1 with base ** (-2i/d_k), or torch.arange(0, d_k, 2) / d_k without the 2."),
+        ("the positions are off by one (the first position is 1, not 0)",
+         lambda: [rotate(x, positions + 1), rotate(x, positions - 1)],
+         "Use the positions exactly as given: the first token of a sequence sits at position 0."),
         (f"the rotation is right, but the angles were computed in float32 while x is {x.dtype}, "
          "so they are off by float32's rounding",
          lambda: [rotate(x, positions, float32="theta"), rotate(x, positions, float32="angle")],
@@ -111,62 +118,129 @@ def check_apply_rotary(fn: Callable[..., Any]) -> CheckResult:
             args = cloned(x, positions)
             out = call(fn, *args, what=f"your function ({label})", forbidden=[_positions.apply_rotary])
             check_unchanged(["x", "positions"], [x, positions], args, "your function")
-            out = expect_tensor(out, f"the result {where}", x.shape, explain=" (the same shape as x)")
+            out = expect_tensor(out, f"the result {where}", x.shape, dtype=x.dtype, explain=" (the same shape as x)")
             expected = rotate(x, positions)
             if not close(out, expected):
-                raise diagnose(out, _rotary_mistakes(x, positions), f"the rotation is wrong {where}", CONVENTION)
+                raise diagnose(out, _rotary_mistakes(x, positions), f"the rotation is wrong {where}", CONVENTION,
+                               expected=expected)
         return f"correct on {len(cases)} cases (batch and head axes, offset positions, d_k = 6, 8, 16)"
 
     return run_check("apply_rotary", body)
 
 
+MASK_HINT = ("Pass the mask on as it is given (True = may attend): scaled_dot_product_attention(q, k, value, mask). "
+             "It may be a padding mask or any other pattern, not only a causal one.")
+
+
+def _rotary_cases(g: torch.Generator) -> tuple[list[tuple[Tensor | None, str]], list[tuple[Tensor | None, str]]]:
+    """(the cases the verdict counts, the further masks every answer must also honour)."""
+    B, L = 2, 5
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    padding = (torch.arange(L)[None, :] < torch.tensor([5, 3])[:, None])[:, None, None, :]  # (B, 1, 1, L)
+    random = torch.rand(B, 1, L, L, generator=g) > 0.5
+    random |= torch.eye(L, dtype=torch.bool)  # no query without a key
+    return ([(None, "no mask"), (causal, "a causal mask (L, L)")],
+            [(padding, "a padding mask (B, 1, 1, L)"), (random, "a random mask (B, 1, L, L)")])
+
+
+def _positions_axis_probe(fn: Callable[..., Any], error: Verdict) -> None:
+    """``fn`` raised on (B, H, L, d_k) = (2, 2, 5, 8): does it work once L equals another axis?"""
+    for (B, H, L, d_k), axis in (((2, 2, 8, 8), "the head dimension, query.size(-1)"),
+                                 ((2, 5, 5, 8), "the number of heads, query.size(1)")):
+        g = gen(83)
+        q, k, v = randn(g, B, H, L, d_k), randn(g, B, H, L, d_k), randn(g, B, H, L, d_k)
+        try:
+            with torch.no_grad():
+                out = fn(q.clone(), k.clone(), v.clone())
+        except Exception:  # noqa: BLE001 - still failing: not this cause
+            continue
+        if isinstance(out, (tuple, list)) and len(out) == 2:
+            out = out[0]
+        pos = torch.arange(L)
+        if isinstance(out, Tensor) and close(out.detach(), reference_attend(rotate(q, pos), rotate(k, pos), v)[0]):
+            raise fail(f"{error.message}; it works only when the sequence length equals {axis}: it looks like the "
+                       f"positions were taken from {axis} instead of the sequence length",
+                       "The positions are 0 .. L-1 with L = query.size(-2), the axis of the tokens: "
+                       "torch.arange(query.size(-2)).") from None
+
+
 def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(query, key, value, mask=None) -> output`` (or ``(output, weights)``): one
-    self-attention step of per-head tensors ``(B, H, L, d_k)`` with RoPE at positions ``0 .. L-1``."""
+    self-attention step of per-head tensors ``(B, H, L, d_k)`` with RoPE at positions ``0 .. L-1``;
+    the mask (causal, padding, any pattern; True = may attend) is honoured as given."""
 
     def body() -> str:
         g = gen(82)
         B, H, L, d_k = 2, 2, 5, 8
-        causal = torch.ones(L, L, dtype=torch.bool).tril()
-        cases = [(None, "no mask"), (causal, "a causal mask (L, L)")]
-        for mask, label in cases:
+        cases, further = _rotary_cases(gen(84))
+        for mask, label in cases + further:
             q, k, v = randn(g, B, H, L, d_k), randn(g, B, H, L, d_k), randn(g, B, H, L, d_k)
             where = f"for {describe_shapes(query=q, key=k, value=v)} and {label}"
             args = cloned(q, k, v)
             kwargs = {} if mask is None else {"mask": mask.clone()}
-            out = call(fn, *args, **kwargs, what=f"your function ({label})")
+            try:
+                out = call(fn, *args, **kwargs, what=f"your function ({label})")
+            except Verdict as verdict:
+                if verdict.status == ERROR:
+                    _positions_axis_probe(fn, verdict)
+                raise
             check_unchanged(["query", "key", "value"], [q, k, v], args, "your function")
             if isinstance(out, (tuple, list)) and len(out) == 2:
                 out = out[0]
-            out = expect_tensor(out, f"the output {where}", (B, H, L, d_k), explain=" (B, H, L, d_k)")
+            out = expect_tensor(out, f"the output {where}", (B, H, L, d_k), dtype=q.dtype, explain=" (B, H, L, d_k)")
             pos = torch.arange(L)
 
-            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask, scale: float | None = None) -> Tensor:
-                return reference_attend(q_, k_, v_, m, scale=scale)[0]
+            def attend(q_: Tensor, k_: Tensor, v_: Tensor, m: Tensor | None = mask, **knobs: Any) -> list[Tensor]:
+                return flavours(lambda **more: reference_attend(q_, k_, v_, m, **knobs, **more), 0)()
 
-            expected = attend(rotate(q, pos), rotate(k, pos), v)
+            rq, rk = rotate(q, pos), rotate(k, pos)
+            expected = reference_attend(rq, rk, v, mask)[0]
             if close(out, expected):
                 continue
-            raise diagnose(out, [
-                ("the values were rotated too", lambda: attend(rotate(q, pos), rotate(k, pos), rotate(v, pos)),
+            causal = torch.ones(L, L, dtype=torch.bool).tril()
+            mistakes = [
+                ("the values were rotated too", lambda: attend(rq, rk, rotate(v, pos)),
                  "Rotate the queries and the keys only: positions decide where to look (the scores); the values "
                  "are what gets handed over and stay as they are."),
-                ("only the queries were rotated", lambda: attend(rotate(q, pos), k, v),
+                ("only the queries were rotated", lambda: attend(rq, k, v),
                  "Rotate both the queries and the keys: the offset i - j appears only when both are turned."),
-                ("only the keys were rotated", lambda: attend(q, rotate(k, pos), v),
+                ("only the keys were rotated", lambda: attend(q, rk, v),
                  "Rotate both the queries and the keys: the offset i - j appears only when both are turned."),
                 ("nothing was rotated", lambda: attend(q, k, v),
                  "Rotate the queries and keys with apply_rotary before computing the scores."),
                 ("neighbouring features were paired (interleaved)",
                  lambda: attend(rotate(q, pos, pairing="interleaved", output="interleaved"),
                                 rotate(k, pos, pairing="interleaved", output="interleaved"), v), CONVENTION),
-                ("the mask was ignored", lambda: attend(rotate(q, pos), rotate(k, pos), v, None),
-                 "Pass the mask on to the attention: scaled_dot_product_attention(q, k, v, mask)."),
-                ("the rotation is right, but the scores were not divided by √d_k",
-                 lambda: attend(rotate(q, pos), rotate(k, pos), v, scale=1.0),
+            ]
+            if mask is not None:
+                mistakes += [
+                    ("the mask was ignored", lambda: attend(rq, rk, v, None), MASK_HINT),
+                    ("a causal mask was used instead of the mask given (is_causal=True whenever there is a mask?)",
+                     lambda: attend(rq, rk, v, causal), MASK_HINT),
+                    ("the mask is inverted (it blocks the keys that may be attended)",
+                     lambda: attend(rq, rk, v, mask_mode="inverted"),
+                     "True means *may attend*: block where the mask is False, masked_fill(~mask, float('-inf')); "
+                     "F.scaled_dot_product_attention also reads a bool attn_mask as True = may attend."),
+                    ("the mask was applied after the softmax (weights zeroed without renormalising)",
+                     lambda: attend(rq, rk, v, mask_mode="after"),
+                     "Mask the scores before the softmax (with -inf), so that each row of weights still sums to 1."),
+                ]
+            mistakes += [
+                ("the rotation is right, but the scores were not divided by √d_k", lambda: attend(rq, rk, v, scale=1.0),
                  "Attend with scaled_dot_product_attention(q, k, value, mask): it divides the scores by √d_k."),
-            ], f"the output is wrong {where}",
-                "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then attend.")
+                ("the rotation is right, but the scores were divided by d_k instead of √d_k",
+                 lambda: attend(rq, rk, v, scale=float(d_k)), "Divide by math.sqrt(d_k), not d_k."),
+                ("the rotation is right, but the scores were multiplied by √d_k instead of divided",
+                 lambda: attend(rq, rk, v, scale=d_k ** -0.5), "Divide the scores by math.sqrt(d_k)."),
+                ("the softmax ran over the queries (dim=-2)", lambda: attend(rq, rk, v, softmax_dim=-2),
+                 "Each query's weights are a distribution over the keys: softmax(scores, dim=-1)."),
+                ("the positions are off by one (the first position is 1, not 0) for the queries only",
+                 lambda: attend(rotate(q, pos + 1), rk, v),
+                 "Rotate the queries and the keys with the same positions, torch.arange(L)."),
+            ]
+            raise diagnose(out, mistakes, f"the output is wrong {where}",
+                           "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then "
+                           "attend with the mask as given.", expected=expected, axis="query position")
         return f"correct on {len(cases)} cases (with and without a causal mask)"
 
     return run_check("rotary attention", body)

@@ -36,6 +36,27 @@ def halves(L: int, split: int | None = None) -> Tensor:
     return torch.stack([first, ~first])[:, None, :].expand(2, L, L)  # (2, Lq, Lk)
 
 
+SWAPPED_OR_INVERTED = ("head 0 sees the second half and head 1 the first: the heads are swapped, or the mask is "
+                       "inverted (the two are the same mask)")
+SWAPPED_OR_INVERTED_HINT = ("True means *may attend*, and head 0 (mask[0]) gets the first half, keys [0, L//2); "
+                            "head 1 the rest.")
+
+
+def _first_wrong(mask: Tensor, expected: Tensor) -> str:
+    """``"head 0, query 2 may attend to keys 0, 1, 2, expected keys 0, 1"``: the first row that differs."""
+    wrong = (mask != expected).any(-1).nonzero().tolist()
+    if not wrong:
+        return ""
+    h, i = wrong[0]
+
+    def keys(row: Tensor) -> str:
+        found = row.nonzero().flatten().tolist()
+        return "no key" if not found else "key" + ("s " if len(found) > 1 else " ") + ", ".join(map(str, found))
+
+    more = f" ({len(wrong)} rows differ)" if len(wrong) > 1 else ""
+    return f"head {h}, query {i} may attend to {keys(mask[h, i])}, expected {keys(expected[h, i])}{more}"
+
+
 def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
     """Check ``fn(seq_len) -> mask``: bool ``(2, L, L)``, True = may attend; head 0 may attend
     to keys ``[0, L//2)`` and head 1 to keys ``[L//2, L)``, for every query."""
@@ -56,12 +77,15 @@ def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
                 continue
             h = L // 2
             mistakes = [
-                ("the heads are swapped (head 0 sees the second half)", halves(L)[[1, 0]],
-                 "Head 0 (mask[0]) gets the first half, keys [0, L//2)."),
+                (SWAPPED_OR_INVERTED, halves(L)[[1, 0]], SWAPPED_OR_INVERTED_HINT),
                 ("the queries are restricted instead of the keys", halves(L).transpose(-2, -1),
                  "Restrict the keys (the last axis, columns): every query of head 0 may look at the first half "
                  "of the sequence. mask[0, :, :L//2] = True, not mask[0, :L//2, :]."),
-                ("the mask is inverted", ~halves(L), "True means *may attend*."),
+                ("the queries are restricted instead of the keys, and the mask is inverted",
+                 ~halves(L).transpose(-2, -1), "True means *may attend*; restrict the keys (the last axis)."),
+                ("both the queries and the keys are restricted (each head sees a block on the diagonal)",
+                 halves(L) & halves(L).transpose(-2, -1),
+                 "Restrict only the keys: every query, in either half, may attend to its head's half of the keys."),
                 ("the boundary is off by one (the middle key goes to head 0)", halves(L, h + 1),
                  f"Positions 0 .. L//2 - 1 belong to head 0: for L={L} that is keys 0 .. {h - 1}. " + DEFINITION),
                 ("the boundary is off by one (head 0 misses its last key)", halves(L, h - 1),
@@ -75,7 +99,7 @@ def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
             for name, wrong, hint in mistakes:
                 if torch.equal(mask, wrong):
                     raise fail(f"wrong mask for seq_len={L}: {name}", hint)
-            raise fail(f"wrong mask for seq_len={L}", DEFINITION)
+            raise fail(f"wrong mask for seq_len={L}: {_first_wrong(mask, expected)}", DEFINITION)
         return "correct for seq_len = " + ", ".join(map(str, lengths)) + " (odd lengths included)"
 
     return run_check("halves mask", body)
@@ -114,8 +138,15 @@ def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
                 raise diagnose(out, [
                     ("unrestricted attention (no mask)", lambda: multi_head(w, x, x, x, None, H)[0],
                      "Pass the per-head mask: mha(x, x, x, mask=halves_mask(L))."),
-                    ("the heads are swapped", lambda: multi_head(w, x, x, x, halves(L)[[1, 0]], H)[0],
-                     "Head 0 gets the first half of the keys."),
+                    (SWAPPED_OR_INVERTED, lambda: multi_head(w, x, x, x, halves(L)[[1, 0]], H)[0],
+                     SWAPPED_OR_INVERTED_HINT),
+                    ("the mask was applied after the softmax (weights zeroed without renormalising)",
+                     lambda: multi_head(w, x, x, x, halves(L), H, mask_mode="after")[0],
+                     "Block the keys before the softmax (with -inf, or pass the bool mask to the module), so that "
+                     "each head's weights still sum to 1 over its half."),
+                    ("both the queries and the keys were restricted",
+                     lambda: multi_head(w, x, x, x, halves(L) & halves(L).transpose(-2, -1), H)[0],
+                     "Restrict only the keys (the last axis of the mask), for every query."),
                     ("the queries were restricted instead of the keys",
                      lambda: multi_head(w, x, x, x, halves(L).transpose(-2, -1), H)[0],
                      "Restrict the keys (the last axis of the mask), for every query."),
@@ -124,7 +155,8 @@ def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
                      "A (2, 1, L, L) mask lines up with the batch axis. A per-head mask is (H, L, L) "
                      "(or (1, H, L, L)): it broadcasts over the batch."),
                 ], f"wrong output for x {tuple(x.shape)}",
-                    "Self-attention through the given module, with a (2, L, L) mask: " + DEFINITION)
+                    "Self-attention through the given module, with a (2, L, L) mask: " + DEFINITION,
+                    expected=expected, axis="position")
             if isinstance(weights, Tensor) and tuple(weights.shape) == (B, L, L) and close(weights.detach(),
                                                                                            expected_w.mean(1)):
                 raise fail(f"the weights for x {tuple(x.shape)} are averaged over the heads, shape {(B, L, L)}",

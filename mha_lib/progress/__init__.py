@@ -17,8 +17,11 @@ each ``### Exercise N.M · Title`` heading and the check called under it (``chec
 Each of your notebooks runs top to bottom (up to its last check) with ``nbclient``, errors
 allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file: every
 check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
-(:func:`mha_lib.checks._core.log_result`). A notebook that raises, runs past the limit, or
-can't be read (half-edited JSON) gives a line in the table, never a traceback.
+(:func:`mha_lib.checks._core.log_result`). The last run of each check is its verdict (a failed
+attempt above a fixed one no longer counts), and an exercise whose code calls the stub of an
+earlier one says so: "⏳ waits for exercise 11.1: halves_mask is not implemented yet". A notebook
+that raises, runs past the limit, or can't be read (half-edited JSON) gives a line in the table,
+never a traceback.
 
 The package, by job: :mod:`~mha_lib.progress.exercises` reads the table of exercises from
 ``exercises/``, :mod:`~mha_lib.progress.runner` runs one notebook and collects its checks'

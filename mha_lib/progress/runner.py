@@ -168,19 +168,52 @@ def _record(line: str) -> dict:
     return record
 
 
-def _verdict(exercise: Exercise, outcome: _Outcome) -> tuple[str, str]:
-    """(status, message) of one exercise from what its cells did."""
+# A check whose code calls a stub of an earlier exercise says so (mha_lib.checks._calling.describe_error).
+_WAITS_FOR = re.compile(r"it calls (\w+), which still raises NotImplementedError")
+
+
+def _definitions(cells: list, owners: list[Exercise | None]) -> dict[str, str]:
+    """``{function name: the number of the exercise whose cells define it}`` in the learner's copy."""
+    found: dict[str, str] = {}
+    for cell, owner in zip(cells, owners):
+        if owner is not None and cell.get("cell_type") == "code":
+            for name in re.findall(r"^\s*def\s+(\w+)\s*\(", _source(cell), re.M):
+                found.setdefault(name, owner.number)
+    return found
+
+
+def _waiting(exercise: Exercise, records: list[dict], definitions: dict[str, str]) -> str:
+    """"waits for exercise 11.1: halves_mask is not implemented yet" when a check's code calls the stub
+    of another exercise; "not implemented yet" when the exercise's own code is the stub."""
+    for record in records:
+        match = _WAITS_FOR.search(str(record.get("message", "")))
+        if record.get("status") == NOT_IMPLEMENTED and match:
+            name = match.group(1)
+            number = definitions.get(name)
+            if number and number != exercise.number:
+                return f"waits for exercise {number}: {name} is not implemented yet"
+            return f"waits for {name}, which is not implemented yet"
+    return "not implemented yet"
+
+
+def _verdict(exercise: Exercise, outcome: _Outcome, definitions: dict[str, str] | None = None) -> tuple[str, str]:
+    """(status, message) of one exercise from what its cells did. Each check's last run is its verdict
+    (a wrong attempt above a fixed one no longer counts); ``definitions``: which exercise defines
+    each of the learner's functions (:func:`_definitions`)."""
     if outcome.stopped == NOT_RUN:
         return NOT_RUN, "not checked: the notebook stopped earlier (see above)"
     if outcome.stopped in (TIMED_OUT, ERROR):
         return outcome.stopped, outcome.errors[0]
-    records = outcome.records
+    last: dict[str, dict] = {}
+    for record in outcome.records:
+        last[str(record.get("check", ""))] = record  # a later run of the same check replaces the earlier one
+    records = list(last.values())
     for status in (FAILED, ERROR):
         for record in records:
             if record.get("status") == status:
                 return status, _one_line(record.get("message", ""))
     if any(r.get("status") == NOT_IMPLEMENTED for r in records):
-        return NOT_IMPLEMENTED, "not implemented yet"
+        return NOT_IMPLEMENTED, _waiting(exercise, records, definitions or {})
     if records and all(r.get("status") == PASSED for r in records):
         return PASSED, "passed"
     if outcome.errors:
@@ -224,7 +257,8 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> li
         return [Row(chapter, None, ERROR, f"could not run workspace/{path.name}: "
                                           f"{type(error).__name__}: {_one_line(str(error))}")]
     rows = [Row(chapter, None, whole.status, whole.message)] if whole else []
-    return rows + [Row(chapter, e, *_verdict(e, outcomes[e.number])) for e in exercises]
+    definitions = _definitions(nb.cells, owners)
+    return rows + [Row(chapter, e, *_verdict(e, outcomes[e.number], definitions)) for e in exercises]
 
 
 def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
