@@ -186,18 +186,20 @@ def test_a_workspace_through_the_command_line(tmp_path):
     assert after == before, "progress modified or added files in workspace/"
 
 
+def notebook(cells):
+    """A minimal nbformat-4 notebook from ``[(kind, source), ...]``, for the tiny courses below."""
+    return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
+                       **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+                      for i, (kind, source) in enumerate(cells)],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
 def test_a_notebook_that_hangs_is_stopped_and_the_rest_is_reported(tmp_path):
     """A tiny course: the learner's copy hangs in its first cell (no PyTorch to load)."""
     root = tmp_path / "course"
     (root / "exercises").mkdir(parents=True)
     (root / "workspace").mkdir()
-
-    def notebook(cells):
-        return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
-                           **({"outputs": [], "execution_count": None} if kind == "code" else {})}
-                          for i, (kind, source) in enumerate(cells)],
-                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-                "nbformat": 4, "nbformat_minor": 5}
 
     cells = [("markdown", "# Exercises · Chapter 01 · Tiny"),
              ("markdown", "## Exercise 1.1 · Wait"), ("code", "check_wait(f)"),
@@ -261,13 +263,6 @@ def test_waiting_and_last_runs_in_a_kernel(tmp_path):
     root = tmp_path / "course"
     (root / "exercises").mkdir(parents=True)
     (root / "workspace").mkdir()
-
-    def notebook(cells):
-        return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {}, "source": source,
-                           **({"outputs": [], "execution_count": None} if kind == "code" else {})}
-                          for i, (kind, source) in enumerate(cells)],
-                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-                "nbformat": 4, "nbformat_minor": 5}
 
     head = [("markdown", "# Exercises · Chapter 01 · Tiny"),
             ("code", "import torch\nfrom mha_lib.checks import check_causal_mask, check_halves_mask, "
