@@ -1,8 +1,10 @@
-"""The seed study behind chapters 07 and 11: the committed file, its command, and the findings
-the chapters assert, checked on the committed runs and on seeds trained here and now."""
+"""The seed study behind chapters 07 and 11: the committed file, its command, its baselines and
+thresholds, and the findings the chapters state, checked on the committed runs and on seeds
+trained here and now."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import subprocess
@@ -14,23 +16,36 @@ import pytest
 import torch
 
 from mha_lib.sentiment import load_study, make_datasets
-from mha_lib.sentiment.__main__ import parse_seeds
+from mha_lib.sentiment.__main__ import parse_heads, parse_seeds
 from mha_lib.sentiment.study import (
     CONFIG,
     FINDINGS,
-    PARTS,
+    HEADS,
+    RUNS,
+    STATED,
     STUDY_FILE,
     Study,
+    baselines,
     check_findings,
+    count_findings,
+    findings_table,
+    independent,
+    kernel_path_changes,
     learned,
+    learning_order,
     negation_head_of,
+    robust_seeds,
     run_seed,
     save_study,
+    study_jobs,
+    wording,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUPS_06 = {"negated", "plain", "plain+", "plain-", "negated+", "negated-"}
-GROUPS_08 = {"plain", "same half", "different halves"}
+GROUPS_07 = {"negated", "plain", "plain+", "plain-", "negated+", "negated-"}
+GROUPS_11 = {"plain", "same half", "different halves"}
+# Seeds that are not in the committed study, chosen before they were ever trained.
+FRESH_SEEDS = (1000, 1001)
 
 
 @pytest.fixture(scope="module")
@@ -38,58 +53,126 @@ def study() -> Study:
     return load_study()
 
 
-def check_run(run: dict) -> None:
-    """The fields the chapters read, with values in range."""
-    assert {"seed", "path", "torch", "threads", "aten_cpu_capability"} <= set(run)
+def check_run(run: dict, halves: bool = True) -> None:
+    """The fields the chapters read, with values in range (``halves``: the run was asked for
+    chapter 11's part too)."""
+    H = run["num_heads"]
+    assert {"seed", "data_seed", "num_heads", "replica", "path", "torch", "threads", "baselines", "untrained"} <= set(run)
     heads = run["heads"]
-    for accuracy in (heads["accuracy"], heads["feed_forward_off"], *heads["silenced"].values()):
-        assert set(accuracy) == GROUPS_06 and all(0 <= a <= 1 for a in accuracy.values())
-    assert set(heads["silenced"]) == {"head 0", "head 1", "both"}
+    for accuracy in (heads["accuracy"], heads["feed_forward_off"]):
+        assert set(accuracy) == GROUPS_07 and all(0 <= a <= 1 for a in accuracy.values())
+    assert set(heads["ablation"]) == {"zero", "mean", "resample"}
+    for per_head in heads["ablation"].values():
+        assert set(per_head) == {f"head {h}" for h in range(H)}
+        assert all(set(a) == {"negated", "plain"} for a in per_head.values())
     for group, shares in heads["cls_shares"].items():
-        assert group in GROUPS_06 and list(shares) == ["<cls>", "not", "sentiment word", "other words"]
-        for h in range(2):  # each head's four shares add up to all of <cls>'s attention
+        assert group in GROUPS_07 and list(shares) == ["<cls>", "not", "sentiment word", "other words"]
+        for h in range(H):  # each head's four shares add up to all of <cls>'s attention
             assert math.isclose(sum(s[h] for s in shares.values()), 1, abs_tol=1e-3)
-    assert all(len(heads[key]) == 2 for key in ("cls_to_not", "word_to_not", "not_to_word"))
-    assert all(len(curve) == CONFIG["training"]["epochs"] for curve in heads["history"].values())
-    assert set(run["halves"]) == {"free, tested free", "free, tested restricted", "trained restricted"}
-    assert all(set(accuracy) == GROUPS_08 for accuracy in run["halves"].values())
+    assert all(len(heads[key]) == H for key in ("cls_to_not", "word_to_not", "not_to_word"))
+    for group, terms in heads["logit_attribution"].items():
+        assert list(terms) == ["embedding", *(f"head {h}" for h in range(H)), "W_o bias", "feed-forward", "constant"]
+    history = heads["history"]
+    assert all(len(history[key]) == CONFIG["training"]["epochs"] for key in ("negated", "plain", "cls_to_not", "cls_to_word"))
+    assert all(len(shares) == H for shares in history["cls_to_not"])
+    if H == 2 and not run["replica"] and halves:
+        assert set(run["halves"]) == {"free, tested free", "free, tested restricted", "trained restricted"}
+        assert all(set(accuracy) == GROUPS_11 for accuracy in run["halves"].values())
+        assert all(len(c) == CONFIG["n_test"] and set(c) <= {"0", "1"} for c in run["halves_correct"].values())
+    else:
+        assert "halves" not in run
 
 
-def test_committed_study_covers_seeds_and_kernel_paths(study):
-    assert study.config == json.loads(json.dumps(CONFIG)) and study.about["parts"] == list(PARTS)
-    assert len(study.paths) >= 2 and "DEFAULT" in study.paths  # ATEN_CPU_CAPABILITY=default, and another
-    for path in study.paths:
-        seeds = sorted(run["seed"] for run in study.runs if run["path"] == path)
-        assert seeds == study.seeds and len(seeds) >= 20  # every seed on every path, once
-    assert {run["threads"] for run in study.runs} == {1}
+def test_committed_runs_are_independent_and_complete(study):
+    """Each configuration: its own seeds, each with its own data; replicas apart."""
+    assert study.config == json.loads(json.dumps(CONFIG))
+    for H in HEADS:
+        seeds = [r["seed"] for r in study.runs if independent(r, H)]
+        assert sorted(seeds) == list(range(RUNS[H])) and RUNS[H] >= 20
+    assert RUNS[2] >= 30
+    assert all(r["data_seed"] == r["seed"] for r in study.runs)  # each run its own sentences
+    replicas = [r for r in study.runs if r["replica"]]
+    assert sorted(r["seed"] for r in replicas) == list(range(RUNS[2])) and {r["num_heads"] for r in replicas} == {2}
+    assert {r["path"] for r in replicas} == {"DEFAULT"} and "DEFAULT" not in {r["path"] for r in study.runs
+                                                                            if not r["replica"]}
+    assert {r["threads"] for r in study.runs} == {1}
     for run in study.runs:
         check_run(run)
-        assert (run["aten_cpu_capability"] is None) == (run["path"] == study.paths[0])  # native first
 
 
-def test_every_committed_run_shows_the_robust_findings(study):
-    """What the chapters assert on the learner's model held in every run it applies to."""
-    seen = {name: 0 for name in FINDINGS}
-    for run in study.runs:
-        results = check_findings(run)
-        assert all(results.values()), (run["seed"], run["path"], results)
-        for name in results:
-            seen[name] += 1
-    assert all(n >= 40 for n in seen.values()), seen  # each finding rests on many runs
-    assert sum(learned(run) for run in study.runs) >= 0.75 * len(study.runs)
+def test_data_differs_between_runs():
+    """Two seeds draw different held-out sentences: the runs do not share their data."""
+    a, b = (make_datasets(CONFIG["n_train"], CONFIG["n_test"], seed=s)[1] for s in (0, 1))
+    assert [e.tokens for e in a] != [e.tokens for e in b]
+
+
+def test_every_threshold_comes_from_its_baseline(study):
+    """Each run's baselines are what baselines() computes from its own held-out sentences, and
+    the thresholds are the stated functions of the baselines, not numbers typed in."""
+    for run in study.runs[:: max(1, len(study.runs) // 12)]:
+        test = make_datasets(CONFIG["n_train"], CONFIG["n_test"], seed=run["data_seed"])[1]
+        assert run["baselines"] == baselines(test)
+    test = make_datasets(100, 200, seed=3)[1]
+    base = baselines(test)
+    negated = [e for e in test if e.negated]
+    uniform = sum(1 / (len(e.tokens) + 1) for e in negated) / len(negated)  # <cls> + the words
+    assert base["uniform"] == pytest.approx(uniform, abs=1e-4)
+    assert base["role"] == pytest.approx(uniform + (1 - uniform) / 2, abs=1e-4)
+    assert base["chance"] == 0.5 and base["learned_at"] == pytest.approx(1 - (1 - 0.5) / 10)
+    assert base["near_chance"] == pytest.approx((base["chance"] + base["learned_at"]) / 2)
+    with pytest.raises(ValueError, match="negated"):
+        baselines([e for e in test if not e.negated])
+
+
+def test_findings_read_their_thresholds_from_the_run(study):
+    """Move a run's baseline and the finding that uses it flips: nothing is typed into a test."""
+    run = next(r for r in study.runs if independent(r) and learned(r) and check_findings(r)["a negation head"])
+    moved = copy.deepcopy(run)
+    moved["baselines"]["role"] = 1.01
+    assert check_findings(moved)["a negation head"] is False
+    assert check_findings(moved)["untrained: no head has a role"] is True
+    moved["baselines"]["role"] = 0.0
+    assert check_findings(moved)["untrained: no head has a role"] is False
+    moved["baselines"]["learned_at"] = 1.01
+    assert "a negation head" not in check_findings(moved)  # no longer a run that learned
+
+
+def test_the_counts_support_the_chapters_wording(study):
+    """STATED says "all", "most", "some" or "none" of each finding; the committed counts agree."""
+    counts = count_findings(study)
+    assert set(STATED) <= set(FINDINGS) and STATED
+    for name, said in STATED.items():
+        k, n = counts[name]
+        assert n >= 10, (name, k, n)  # each statement rests on many runs
+        assert wording(k, n) == said, (name, k, n)
+
+
+def test_learning_order_counts_ties_as_ties():
+    run = {"baselines": {"learned_at": 0.95}, "heads": {"history": {"plain": [0.5, 0.96], "negated": [0.6, 0.97]}}}
+    assert learning_order(run) == "together"
+    run["heads"]["history"]["negated"] = [0.6, 0.9]
+    assert learning_order(run) == "plain first"
+    run["heads"]["history"]["plain"] = [0.5, 0.9]
+    assert learning_order(run) == "together"  # neither got there
 
 
 def test_study_helpers(study, tmp_path):
     assert study.count(lambda r: True) == (len(study.runs), len(study.runs))
-    k, n = study.count(lambda r: negation_head_of(r) == 0, where=learned)
+    k, n = study.count(lambda r: negation_head_of(r) == 0, where=lambda r: independent(r) and learned(r))
     assert 0 < k < n  # which head becomes the negation head is chance
-    low, high = study.span(lambda r: r["heads"]["accuracy"]["plain"], path=study.paths[0])
-    assert 0 <= low <= high <= 1
     path = save_study(study.runs[:3], tmp_path / "s.json", command="python -m mha_lib.sentiment study")
     again = load_study(path)
     assert again.runs == study.runs[:3] and again.about["command"].startswith("python -m")
     with pytest.raises(FileNotFoundError, match="make one with `python -m mha_lib.sentiment study`"):
         load_study(tmp_path / "missing.json")
+
+
+def test_jobs():
+    jobs = study_jobs()
+    assert len(jobs) == sum(RUNS.values()) + RUNS[2]
+    assert study_jobs([7, 8], heads=[1, 2], replicas=True) == [(7, 1, False), (8, 1, False), (7, 2, False),
+                                                               (8, 2, False), (7, 2, True), (8, 2, True)]
+    assert study_jobs([7], heads=[4], replicas=True) == [(7, 4, False)]
 
 
 def test_study_file_ships_with_the_package():
@@ -100,49 +183,94 @@ def test_study_file_ships_with_the_package():
     assert "study.json" in pyproject["tool"]["setuptools"]["package-data"]["mha_lib.sentiment"]
 
 
-def test_seed_parsing():
+def test_seed_and_heads_parsing():
     assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
     assert parse_seeds("5") == [5]
     for bad in ("a-b", "", "-1"):
         with pytest.raises(Exception, match="seeds must"):
             parse_seeds(bad)
+    assert parse_heads("2,8") == [2, 8]
+    for bad in ("3", "two", ""):
+        with pytest.raises(Exception, match="heads: choose among 1, 2, 4, 8"):
+            parse_heads(bad)
 
 
 def test_command_trains_fresh_seeds_that_show_the_findings(tmp_path):
-    """`python -m mha_lib.sentiment study` end to end, on this machine's own kernel path: three
-    seeds that learned on all three paths of the committed study, measured and checked."""
+    """`python -m mha_lib.sentiment study` end to end on seeds outside the committed study:
+    what the chapters say held in every run holds in each fresh run it speaks to."""
     out = tmp_path / "fresh.json"
+    seeds = ",".join(map(str, FRESH_SEEDS))
     result = subprocess.run(
-        [sys.executable, "-m", "mha_lib.sentiment", "study", "--seeds", "1,3-4", "--parts", "heads",
-         "--kernels", "native", "--output", str(out)],
+        [sys.executable, "-m", "mha_lib.sentiment", "study", "--seeds", seeds, "--heads", "2", "--parts", "heads",
+         "--no-replicas", "--output", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "3/3 seeds" in result.stderr and f"wrote 3 runs to {out}" in result.stdout
+    assert f"{len(FRESH_SEEDS)}/{len(FRESH_SEEDS)} runs" in result.stderr
     runs = load_study(out).runs
-    assert [run["seed"] for run in runs] == [1, 3, 4] and all("halves" not in run for run in runs)
-    checked = [check_findings(run) for run in runs]
-    assert all(all(results.values()) for results in checked), checked
-    assert sum(map(bool, checked)) >= 2  # at least two runs learned, so the findings were checked
+    assert [run["seed"] for run in runs] == list(FRESH_SEEDS) and all("halves" not in run for run in runs)
+    for run in runs:
+        check_run(run, halves=False)
+        results = check_findings(run)
+        always = {name for name, said in STATED.items() if said == "all"}
+        assert all(results[name] for name in always & set(results)), (run["seed"], results)
 
 
 def test_halves_part_measures_three_models(monkeypatch):
     """The chapter 11 part, on a tiny training run (one epoch on 200 sentences), on the caller's
-    threads: only the command line's own worker process sets them."""
+    threads: only the study's own worker processes set them."""
     monkeypatch.setitem(CONFIG["training"], "epochs", 1)
     threads = torch.get_num_threads()
     monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail(f"run_seed set the threads to {n}"))
     data = make_datasets(200, 150, seed=2)
     run = run_seed(0, parts=["halves"], data=data)
     assert torch.get_num_threads() == threads
-    assert set(run) >= {"seed", "path", "halves"} and "heads" not in run
+    assert set(run) >= {"seed", "path", "halves", "halves_correct"} and "heads" not in run and run["data_seed"] is None
     for accuracy in run["halves"].values():
-        assert set(accuracy) == GROUPS_08 and all(0 <= a <= 1 for a in accuracy.values())
+        assert set(accuracy) == GROUPS_11 and all(0 <= a <= 1 for a in accuracy.values())
+    assert all(len(c) == 150 for c in run["halves_correct"].values())
+    assert "halves" not in run_seed(0, num_heads=1, parts=["halves"], data=data)  # two heads only
     with pytest.raises(ValueError, match=r"parts must be among \('heads', 'halves'\), got \['ffn'\]"):
         run_seed(0, parts=["ffn"], data=data)
 
 
 def test_command_line_errors():
-    result = subprocess.run([sys.executable, "-m", "mha_lib.sentiment", "study", "--kernels", "sse9"],
+    result = subprocess.run([sys.executable, "-m", "mha_lib.sentiment", "study", "--heads", "3"],
                             cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2 and "choose among native, avx512, avx2, default" in result.stderr
+    assert result.returncode == 2 and "heads: choose among 1, 2, 4, 8" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "mha_lib.sentiment", "study", "--workers", "0"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "--workers must be at least 1" in result.stderr
+
+
+def test_wording_follows_the_count():
+    assert [wording(k, 10) for k in (10, 9, 6, 5, 1, 0)] == ["all", "most", "most", "some", "some", "none"]
+    for k, n in ((1, 0), (-1, 4), (5, 4)):
+        with pytest.raises(ValueError, match="0 <= k <= n"):
+            wording(k, n)
+
+
+def test_findings_table_fails_when_the_study_stops_supporting_the_text(study, monkeypatch):
+    table = findings_table(study, ["2 heads: learned"])
+    k, n = count_findings(study)["2 heads: learned"]
+    assert f"{k:>3} of {n:<3}" in table and "most" in table
+    monkeypatch.setitem(STATED, "2 heads: learned", "all")  # what the text would say if it overclaimed
+    with pytest.raises(AssertionError, match="2 heads: learned.*the text says 'all'"):
+        findings_table(study, ["2 heads: learned"])
+    with pytest.raises(KeyError, match="unknown findings"):
+        findings_table(study, ["heads are detectives"])
+
+
+def test_kernel_paths_are_a_robustness_check(study):
+    """Replicas pair with their seeds; the rounding changes an outcome in some seeds, not most."""
+    k, n = kernel_path_changes(study)
+    assert n == sum(independent(r) and "heads" in r for r in study.runs)  # every two-head seed has a replica
+    assert wording(k, n) == "some"
+    replicas = {r["seed"]: r for r in study.runs if r.get("replica")}
+    for seed in robust_seeds(study):
+        run = next(r for r in study.runs if independent(r) and r["seed"] == seed)
+        assert learned(run) and learned(replicas[seed])
+    flipped = copy.deepcopy(study)
+    run = next(r for r in flipped.runs if independent(r) and learned(r))
+    run["heads"]["accuracy"]["negated"] = 0.5  # this seed now learned on one path only
+    assert kernel_path_changes(flipped) == (k + 1, n) and run["seed"] not in robust_seeds(flipped)

@@ -12,13 +12,18 @@ The package is split by job:
 - :mod:`~mha_lib.sentiment.probes`: :func:`attention_shares` (where a token's attention
   goes, head by head), :func:`feed_forward_off`, and the groups of sentences the chapters
   measure on (chapter 11's halves live there too: the exercise asks you to write them). :func:`silence_heads` lives in :mod:`mha_lib.heads` and is re-exported here.
+- :mod:`~mha_lib.sentiment.attribution`: what each head contributes, measured three ways:
+  :func:`ablated_accuracy` (zero-, mean- and resample-ablation) and :func:`logit_attribution`
+  (direct logit attribution, the final LayerNorm's scale frozen).
 - :mod:`~mha_lib.sentiment.study`: the seed study the chapters quote (:func:`load_study`),
-  made by ``python -m mha_lib.sentiment study``.
+  made by ``python -m mha_lib.sentiment study``: independent runs with 1, 2, 4 and 8 heads,
+  thresholds derived from baselines, and the findings with their counts.
 
 The negation example comes from *Transformers in Action* (Manning), section 1.1.4.
 """
 
 from ..heads import silence_heads
+from .attribution import ablated_accuracy, logit_attribution
 from .data import (
     MAX_SENTENCES,
     NEGATION,
@@ -44,12 +49,14 @@ __all__ = [
     "SentimentClassifier",
     "Study",
     "Vocab",
+    "ablated_accuracy",
     "attention_shares",
     "batch_examples",
     "evaluate",
     "feed_forward_off",
     "four_groups",
     "load_study",
+    "logit_attribution",
     "make_datasets",
     "predict",
     "silence_heads",

@@ -191,6 +191,7 @@ def train_model(
     seed: int = 0,
     mask: MaskLike = None,
     reports: int = 4,
+    on_epoch: Callable[[int, SentimentClassifier], None] | None = None,
 ) -> dict[str, list[float]]:
     """Train with AdamW and cross-entropy, printing a progress line ``reports`` times.
 
@@ -198,7 +199,9 @@ def train_model(
     same on every device. ``mask`` goes to every forward call, training and held-out: a
     tensor, or a function ``tokens (b, L) -> mask`` called on each batch (chapter 11
     trains with restricted heads). The weights' starting values are the caller's: seed
-    before building the model (``seed_everything``). Leaves the model in eval mode.
+    before building the model (``seed_everything``). ``on_epoch(epoch, model)``, if given, is
+    called after each epoch (the seed study records the heads' attention there). Leaves the
+    model in eval mode.
 
     Returns:
         history: per epoch, ``"loss"`` (mean training loss) and ``"train_acc"``
@@ -245,5 +248,7 @@ def train_model(
             line += f"  held-out: negated {accuracy['negated']:4.0%}, plain {accuracy['plain']:4.0%}"
         if reports and (epoch % report_every == 0 or epoch == epochs):
             print(f"{line}  ({time.perf_counter() - start:.1f} s)", flush=True)
+        if on_epoch is not None:
+            on_epoch(epoch, model)
     model.eval()
     return history

@@ -8,10 +8,14 @@ of sentences the chapters measure them on.
 - :func:`four_groups`: plain or negated, with a positive or a negative sentiment word
   (chapter 07); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
   sentiment word in the same or in different halves of the sentence (chapter 11).
+- :func:`template_of`, :func:`halves_strata` and :func:`stratified_halves`: the same
+  comparison without the templates' confound, made inside groups of sentences with the same
+  template and length (chapter 11's model answer).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -25,17 +29,23 @@ __all__ = [
     "FOUR_GROUPS",
     "HALVES_GROUPS",
     "ROLES",
+    "TEMPLATES",
     "attention_shares",
     "feed_forward_off",
     "four_groups",
     "halves_for_batch",
     "halves_groups",
+    "halves_strata",
+    "stratified_halves",
+    "template_of",
 ]
 
 ROLES = ("<cls>", "not", "sentiment word", "other words")
 # Short names of chapter 07's groups: "not" or not, and the sentiment word's own polarity.
 FOUR_GROUPS = ("plain+", "plain-", "negated+", "negated-")
 HALVES_GROUPS = ("plain", "same half", "different halves")
+# The three templates of make_datasets, each named by a short negated sentence it draws.
+TEMPLATES = ("the movie was not good", "i did not find the plot boring", "not a good film")
 
 
 @torch.no_grad()
@@ -155,3 +165,76 @@ def halves_for_batch(tokens: Tensor, pad_id: int = Vocab.pad_id) -> Tensor:
     lengths = (tokens != pad_id).sum(dim=1)  # (B,) <cls> and the words
     first = torch.arange(L, device=tokens.device)[None, :] < (lengths // 2)[:, None]  # (B, L) head 0's keys
     return torch.stack([first, ~first], dim=1)[:, :, None, :].expand(B, 2, L, L)  # (B, H, Lq, Lk)
+
+
+def template_of(example: Example) -> str:
+    """Which of :data:`TEMPLATES` drew ``example`` (see :func:`~mha_lib.sentiment.data.make_datasets`).
+
+    The first word tells: "i" ("i did not find the plot boring", "i found ..."), "not", "a" or
+    "an" ("not a good film", "a good film"), anything else (a determiner: "the movie was not
+    good"). Raises ``ValueError`` for a sentence no template can draw.
+    """
+    first = example.tokens[0] if example.tokens else ""
+    if first == "i":
+        return TEMPLATES[1]
+    if first in ("not", "a", "an"):
+        return TEMPLATES[2]
+    if first in ("the", "this", "that"):
+        return TEMPLATES[0]
+    raise ValueError(f"no template of the task starts with {first!r}: {example.tokens!r}")
+
+
+def halves_strata(examples: Sequence[Example]) -> dict[tuple[str, int], dict[str, list[int]]]:
+    """Indices of the **negated** ``examples`` by stratum, then by halves group (chapter 11).
+
+    A stratum is ``(template_of(example), number of words)``. Where "not" and the sentiment word
+    fall follows from the template and the optional parts, so :func:`halves_groups` mixes the
+    templates unevenly; inside a stratum the sentences share template and length, and only the
+    optional parts decide the halves. Returns ``{(template, words): {"same half": [...],
+    "different halves": [...]}}``, every stratum that holds a negated example, sorted; a group
+    may be empty.
+    """
+    strata: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for i, e in enumerate(examples):
+        if e.negated:
+            key = (template_of(e), len(e.tokens))
+            strata.setdefault(key, {"same half": [], "different halves": []})[halves_group(e)].append(i)
+    return dict(sorted(strata.items()))
+
+
+def stratified_halves(runs: Sequence[tuple[Sequence[bool] | Tensor, Sequence[Example]]]) -> dict[str, float]:
+    """Same half against different halves, compared only inside strata (chapter 11).
+
+    Args:
+        runs: one ``(correct, examples)`` pair per run: ``correct`` ``(N,)`` bools (a list, a
+            string of ``"0"``/``"1"`` or a bool tensor), whether the model got ``examples[i]``
+            right. A stratum is one run's sentences of one template and one length
+            (:func:`halves_strata`); only the strata that hold both groups count.
+
+    Returns:
+        ``{"same half": a_s, "different halves": a_d, "gap": a_d - a_s, "sentences": n,
+        "strata": k}``: ``a_s = sum_k w_k acc_same_k / sum_k w_k`` (``a_d`` alike) over the
+        ``k`` strata holding both groups, with ``w_k = n_same n_diff / (n_same + n_diff)``
+        (the Cochran-Mantel-Haenszel weights: a stratum counts for as much as its smaller
+        group allows); ``n`` sentences in those strata. Without such a stratum the three
+        accuracies are NaN.
+    """
+    total = same = different = 0.0
+    sentences = strata = 0
+    for correct, examples in runs:
+        if isinstance(correct, str):
+            correct = [c == "1" for c in correct]
+        elif isinstance(correct, Tensor):
+            correct = correct.tolist()
+        if len(correct) != len(examples):
+            raise ValueError(f"correct has {len(correct)} entries for {len(examples)} examples")
+        for groups in halves_strata(examples).values():
+            n_s, n_d = len(groups["same half"]), len(groups["different halves"])
+            if n_s and n_d:
+                weight = n_s * n_d / (n_s + n_d)
+                total += weight
+                same += weight * sum(bool(correct[i]) for i in groups["same half"]) / n_s
+                different += weight * sum(bool(correct[i]) for i in groups["different halves"]) / n_d
+                sentences, strata = sentences + n_s + n_d, strata + 1
+    a_s, a_d = (same / total, different / total) if total else (math.nan, math.nan)
+    return {"same half": a_s, "different halves": a_d, "gap": a_d - a_s, "sentences": sentences, "strata": strata}
