@@ -308,8 +308,9 @@ assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measure
 # GQA divides the cache by a constant; it still grows with every token. The other answer limits
 # how far back a token may look. In **sliding-window attention** the query at position `i` sees
 # only the last `window` keys, `i - window + 1 .. i`: the local attention of Longformer, in the
-# causal form Mistral 7B uses with a window of 4096 tokens. `mha_lib.sliding_window_mask(L,
-# window)` is True exactly where `0 <= i - j < window`:
+# causal form Mistral 7B uses with a window of 4096. The window counts the keys a query sees,
+# itself included (chapter 11 keeps this convention). `mha_lib.sliding_window_mask(L, window)`
+# is True exactly where `0 <= i - j < window`:
 
 # %%
 L_plot, window = 10, 4
@@ -362,9 +363,10 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 # For Mistral 7B (32 layers, 8 key/value heads of 128, float16) the two answers combine: GQA makes
 # a token cost 128 KiB, and the window of 4096 caps the cache at 4096 of them, 512 MiB per
 # sequence, whether the text is 4096 tokens long or 32 768 (8 times less than a 32 768-token
-# cache). A window does not blind the model to everything before it: in layer 2, a token sees
-# tokens that saw the `window` before them, and so on up the stack. How far that reaches, and the
-# other ways of restricting where a head may look, are the subject of chapter 11.
+# cache). A window does not blind the model to everything before it: in layer 2, a token reads
+# tokens that have already gathered their own windows, so what it hears from reaches `window - 1`
+# positions further back with every layer. How far that reaches, and the other ways of
+# restricting where a head may look, are the subject of chapter 11.
 
 # %%
 per_token_mistral = kv_cache_bytes(num_layers=32, num_kv_heads=8, d_k=128, seq_len=1)

@@ -173,8 +173,10 @@ emb = torch.randn(1, len(sentence), 16).to(device)  # then the embeddings, (1, 9
 #    without retraining, and measure again.
 # 3. Retrain with the restriction from the start (seed 0) and measure again.
 # 4. One trained model is one sample. Compare yours with the course's **seed study**
-#    (`mha_lib.sentiment.load_study()`), the same three measurements for 30 seeds on three CPU
-#    kernel paths: where do your numbers fall among theirs?
+#    (`mha_lib.sentiment.load_study()`): the same three measurements over many independent runs,
+#    each with its own seed and its own sentences. Where do your numbers fall among theirs?
+# 5. Before you explain a gap between the two negated groups, check what else differs between
+#    them (3.5 below).
 #
 # `mha_lib.sentiment` has what you need: `make_datasets`, `Vocab`, `SentimentClassifier`,
 # `train_model(model, train, vocab, mask=..., reports=0)` and `predict(model, examples, vocab,
@@ -202,12 +204,49 @@ vocab = Vocab.for_task()
 # Whatever you printed is one run: on another machine the same seed may give other numbers
 # (chapter 07). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
-# study, {label: fn(run)}, yours={label: value})` draws such a plot. Each run of `study.runs`
-# holds `run["halves"][model][group]`, with `model` one of `"free, tested free"`,
-# `"free, tested restricted"` and `"trained restricted"`, and `group` one of `"plain"`,
-# `"same half"` and `"different halves"`.
+# study, {label: fn(run)}, where=..., yours={label: value})` draws such a plot. Count only the
+# study's independent two-head runs, those for which `mha_lib.sentiment.study.independent(run)`
+# holds: each has its own seed and its own sentences. (The study repeats the two-head runs on a
+# second CPU kernel path, as a check on rounding; such a replica is the same run computed again,
+# not a new sample, and measures no halves.) Each independent run holds
+# `run["halves"][model][group]`, with `model` one of `"free, tested free"`, `"free, tested
+# restricted"` and `"trained restricted"`, and `group` one of `"plain"`, `"same half"` and
+# `"different halves"`; its thresholds, derived from chance, are in `run["baselines"]`
+# (`"learned_at"`, 95%, a tenth of a guess's errors; `"near_chance"`, below 72.5%, closer to
+# chance than to learned). Whether the freely trained model learned the task (95% or more on
+# the negated and on the plain sentences): `mha_lib.sentiment.study.learned(run)`.
 
 # %%
+# your code here
+
+# %% [markdown]
+# ### 3.5 · The halves, or the template?
+#
+# The two groups of negated sentences differ in more than the halves. Where "not" and the
+# sentiment word fall is decided by the template that drew the sentence ("the movie was not
+# good", "i did not find the plot boring", "not a good film") and by its optional words. Count
+# the templates in each group of the held-out sentences: `template_of(example)` in
+# `mha_lib.sentiment.probes` names one. If one template is harder than another for a restricted
+# model, for any reason, the gap between the groups would show it, and look like an effect of
+# the halves.
+#
+# To take the template out, compare same and different halves only **within strata**:
+# sentences of one run, of the same template and the same number of words. `halves_strata(test)`
+# gives `{(template, words): {"same half": [...], "different halves": [...]}}`;
+# `stratified_halves([(correct, test), ...])` compares the two groups inside every stratum that
+# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`.
+# The study records which held-out sentence each model got right, in `run["halves_correct"][model]`
+# (a string of `0`/`1`, one per held-out sentence of the run, in the order of
+# `make_datasets(study.config["n_train"], study.config["n_test"], seed=run["data_seed"])[1]`).
+# Over the study's runs: does the gap of the restricted model survive inside the strata? In how
+# many runs is it positive, and how many would a coin give (if the halves did not matter, a
+# run's gap would be as likely negative as positive)?
+
+# %%
+import math
+
+from mha_lib.sentiment.probes import TEMPLATES, halves_strata, stratified_halves, template_of
+
 # your code here
 
 # %% [markdown]

@@ -69,8 +69,10 @@ def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | 
     """Causal local attention: query ``i`` may attend to the ``window`` keys ``i - window + 1 … i``.
 
     ``mask[i, j]`` is True exactly where ``0 <= i - j < window`` (Mistral's sliding window,
-    Longformer's local attention made causal). With ``window >= seq_len`` it equals
-    :func:`causal_mask`; with ``window = 1`` every token sees only itself.
+    Longformer's local attention made causal). ``window`` counts the keys a query sees, itself
+    included, the convention of chapters 10 and 11 (the Mistral paper writes the span as
+    ``i - W … i``, one key more). With ``window >= seq_len`` it equals :func:`causal_mask`; with
+    ``window = 1`` every token sees only itself.
 
     Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key.
     """

@@ -250,8 +250,10 @@ print("keys of head 0:", sentence[: len(sentence) // 2], " keys of head 1:", sen
 #    without retraining, and measure again.
 # 3. Retrain with the restriction from the start (seed 0) and measure again.
 # 4. One trained model is one sample. Compare yours with the course's **seed study**
-#    (`mha_lib.sentiment.load_study()`), the same three measurements for 30 seeds on three CPU
-#    kernel paths: where do your numbers fall among theirs?
+#    (`mha_lib.sentiment.load_study()`): the same three measurements over many independent runs,
+#    each with its own seed and its own sentences. Where do your numbers fall among theirs?
+# 5. Before you explain a gap between the two negated groups, check what else differs between
+#    them (3.5 below).
 #
 # `mha_lib.sentiment` has what you need: `make_datasets`, `Vocab`, `SentimentClassifier`,
 # `train_model(model, train, vocab, mask=..., reports=0)` and `predict(model, examples, vocab,
@@ -291,6 +293,9 @@ def groups(examples):
 
 labels = torch.tensor([e.label for e in test])
 test_groups = groups(test)
+CHANCE = 0.5  # two balanced labels: a guess is right half the time
+LEARNED_AT = 1 - (1 - CHANCE) / 10  # chapter 07's "learned": a tenth of a guess's errors, 95%
+NEAR_CHANCE = (CHANCE + LEARNED_AT) / 2  # closer to chance than to learned: below 72.5%
 
 
 def accuracy_by_group(model, mask=None):
@@ -331,30 +336,47 @@ names = list(test_groups)
 print(f"{'your models (seed 0)':25}" + "".join(f"{n:>18}" for n in names))
 for row, accs in results.items():
     print(f"{row:25}" + "".join(f"{accs[n]:>18.0%}" for n in names))
-# The one finding about these rows that held in all 90 runs of the seed study:
-assert min(results["free, tested restricted"].values()) <= 0.60
+# The one finding about these rows that held in every run of the seed study that learned (see below):
+# restricted at test time, the freely trained model falls below 95% in some group.
+assert min(results["free, tested restricted"].values()) < LEARNED_AT
 # END SOLUTION
 
 # %% [markdown]
 # Whatever you printed is one run: on another machine the same seed may give other numbers
 # (chapter 07). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
-# study, {label: fn(run)}, yours={label: value})` draws such a plot. Each run of `study.runs`
-# holds `run["halves"][model][group]`, with `model` one of `"free, tested free"`,
-# `"free, tested restricted"` and `"trained restricted"`, and `group` one of `"plain"`,
-# `"same half"` and `"different halves"`.
+# study, {label: fn(run)}, where=..., yours={label: value})` draws such a plot. Count only the
+# study's independent two-head runs, those for which `mha_lib.sentiment.study.independent(run)`
+# holds: each has its own seed and its own sentences. (The study repeats the two-head runs on a
+# second CPU kernel path, as a check on rounding; such a replica is the same run computed again,
+# not a new sample, and measures no halves.) Each independent run holds
+# `run["halves"][model][group]`, with `model` one of `"free, tested free"`, `"free, tested
+# restricted"` and `"trained restricted"`, and `group` one of `"plain"`, `"same half"` and
+# `"different halves"`; its thresholds, derived from chance, are in `run["baselines"]`
+# (`"learned_at"`, 95%, a tenth of a guess's errors; `"near_chance"`, below 72.5%, closer to
+# chance than to learned). Whether the freely trained model learned the task (95% or more on
+# the negated and on the plain sentences): `mha_lib.sentiment.study.learned(run)`.
 
 # %%
 # BEGIN SOLUTION
 from mha_lib.sentiment.plots import plot_runs
+from mha_lib.sentiment.study import independent, learned
+
+
+def independent_halves(run):
+    """A run that counts (two heads, its own seed and sentences, not a replica), halves measured."""
+    return independent(run) and "halves" in run
+
 
 study = load_study()
+runs = [run for run in study.runs if independent_halves(run)]
+assert all(run["baselines"]["learned_at"] == LEARNED_AT and run["baselines"]["near_chance"] == NEAR_CHANCE
+           for run in runs)  # the study's thresholds are ours
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True, layout="constrained")
 for ax, model_name in zip(axes, results):
     plot_runs(ax, study, {g: (lambda r, m=model_name, g=g: r["halves"][m][g]) for g in names},
-              yours=results[model_name], title=model_name, legend=ax is axes[-1])
-fig.suptitle(f"Held-out accuracy by group: {len(study.runs)} runs ({len(study.seeds)} seeds x "
-             f"{len(study.paths)} CPU kernel paths) and your models")
+              where=independent_halves, yours=results[model_name], title=model_name, legend=ax is axes[-1])
+fig.suptitle(f"Held-out accuracy by group: {len(runs)} independent runs of the seed study, and your models")
 plt.show()
 # END SOLUTION
 
@@ -363,44 +385,158 @@ plt.show()
 import statistics
 
 
-def count(model, test, where=None):
-    return study.count(lambda r: test(r["halves"][model]), where=where)
+# Restricting a model at test time can only break what it had learned: its claims count the
+# runs whose freely trained model learned the task. The model trained restricted is a model of
+# its own: its claims count every run.
+learned_runs = [run for run in runs if learned(run)]
 
 
-def median(model, group):
-    return statistics.median(study.values(lambda r: r["halves"][model][group]))
+def count(model, holds, selected=runs):
+    """(k, n): holds(accuracies by group) in k of the n runs selected."""
+    return sum(bool(holds(run["halves"][model])) for run in selected), len(selected)
 
 
-broken = count("free, tested restricted", lambda a: min(a.values()) <= 0.60)
-free_medians = [median("free, tested restricted", g) for g in names]
-different_90 = count("trained restricted", lambda a: a["different halves"] >= 0.90)
-same_chance = count("trained restricted", lambda a: a["same half"] < 0.60)
-different_beats_same = count("trained restricted", lambda a: a["different halves"] > a["same half"])
-plain_span = study.span(lambda r: r["halves"]["trained restricted"]["plain"])
-seed0_same = study.values(lambda r: r["halves"]["trained restricted"]["same half"], where=lambda r: r["seed"] == 0)
-print(f"free, tested restricted: some group at 60% or less in {broken[0]} of {broken[1]} runs; "
-      f"medians {', '.join(f'{g} {m:.0%}' for g, m in zip(names, free_medians))}")
-print(f"trained restricted: different halves >= 90% in {different_90[0]}, same half below 60% in {same_chance[0]}, "
-      f"different > same in {different_beats_same[0]} of {different_90[1]} runs; plain {plain_span[0]:.0%} to "
-      f"{plain_span[1]:.0%}, median {median('trained restricted', 'plain'):.0%}")
-print(f"seed 0, trained restricted, same half: {', '.join(f'{v:.0%}' for v in seed0_same)} on {study.paths}")
-assert (broken, different_90[0], same_chance[0], different_beats_same[0]) == ((90, 90), 81, 51, 88)
-assert [f"{m:.0%}" for m in free_medians] == ["56%", "53%", "52%"]  # as the model answer says
-assert [f"{v:.0%}" for v in (*plain_span, median("trained restricted", "plain"), min(seed0_same), max(seed0_same))] == [
-    "70%", "100%", "95%", "89%", "96%"]
+def supports(word, k, n):
+    """Whether k of n runs support the model answer's word: "every", "most" (more than half), "some"."""
+    return {"every": k == n, "most": k > n / 2, "some": k > 0}[word]
+
+
+def median(model, group, selected=runs):
+    return statistics.median(run["halves"][model][group] for run in selected)
+
+
+def span(model, group, selected=runs):
+    values = [run["halves"][model][group] for run in selected]
+    return min(values), max(values)
+
+
+stated = {  # what the model answer says, the count behind it, and the word it uses
+    "free, tested restricted: some group below learned": (
+        count("free, tested restricted", lambda a: min(a.values()) < LEARNED_AT, learned_runs), "every"),
+    "free, tested restricted: some group near chance": (
+        count("free, tested restricted", lambda a: min(a.values()) < NEAR_CHANCE, learned_runs), "most"),
+    "trained restricted: different halves learned": (
+        count("trained restricted", lambda a: a["different halves"] >= LEARNED_AT), "most"),
+    "trained restricted: same half near chance": (
+        count("trained restricted", lambda a: a["same half"] < NEAR_CHANCE), "most"),
+    "trained restricted: different halves > same half": (
+        count("trained restricted", lambda a: a["different halves"] > a["same half"]), "most"),
+    "trained restricted: same half learned": (
+        count("trained restricted", lambda a: a["same half"] >= LEARNED_AT), "some"),
+    "trained restricted: plain not near chance": (
+        count("trained restricted", lambda a: a["plain"] >= NEAR_CHANCE), "every"),
+    "trained restricted: plain learned": (
+        count("trained restricted", lambda a: a["plain"] >= LEARNED_AT), "most"),
+}
+print(f"thresholds: chance {CHANCE:.0%}, learned {LEARNED_AT:.0%}, near chance below {NEAR_CHANCE:.1%}")
+print(f"independent two-head runs: {len(runs)}; the freely trained model learned the task in {len(learned_runs)}")
+for claim, ((k, n), word) in stated.items():
+    print(f"{claim:52} {k:2d} of {n} runs ({word})")
+    assert supports(word, k, n), (claim, k, n, word)
+negated_medians = {g: median("free, tested restricted", g, learned_runs) for g in names[1:]}
+print("free, tested restricted, medians over the runs that learned:",
+      ", ".join(f"{g} {m:.0%}" for g, m in negated_medians.items()))
+assert all(m < NEAR_CHANCE for m in negated_medians.values())  # "the medians of both negated groups: near chance"
+low, high = span("trained restricted", "plain")
+print(f"trained restricted, plain: {low:.0%} to {high:.0%}, median {median('trained restricted', 'plain'):.0%}")
+low, high = span("trained restricted", "same half")
+print(f"trained restricted, same half: {low:.0%} to {high:.0%}")
+
+# %% [markdown]
+# ### 3.5 · The halves, or the template?
+#
+# The two groups of negated sentences differ in more than the halves. Where "not" and the
+# sentiment word fall is decided by the template that drew the sentence ("the movie was not
+# good", "i did not find the plot boring", "not a good film") and by its optional words. Count
+# the templates in each group of the held-out sentences: `template_of(example)` in
+# `mha_lib.sentiment.probes` names one. If one template is harder than another for a restricted
+# model, for any reason, the gap between the groups would show it, and look like an effect of
+# the halves.
+#
+# To take the template out, compare same and different halves only **within strata**:
+# sentences of one run, of the same template and the same number of words. `halves_strata(test)`
+# gives `{(template, words): {"same half": [...], "different halves": [...]}}`;
+# `stratified_halves([(correct, test), ...])` compares the two groups inside every stratum that
+# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`.
+# The study records which held-out sentence each model got right, in `run["halves_correct"][model]`
+# (a string of `0`/`1`, one per held-out sentence of the run, in the order of
+# `make_datasets(study.config["n_train"], study.config["n_test"], seed=run["data_seed"])[1]`).
+# Over the study's runs: does the gap of the restricted model survive inside the strata? In how
+# many runs is it positive, and how many would a coin give (if the halves did not matter, a
+# run's gap would be as likely negative as positive)?
+
+# %%
+import math
+
+from mha_lib.sentiment.probes import TEMPLATES, halves_strata, stratified_halves, template_of
+
+# BEGIN SOLUTION
+print("held-out sentences of data seed 0, by template:")
+for name in names[1:]:
+    found = [template_of(test[i]) for i in test_groups[name]]
+    print(f"  {name:17}" + "".join(f"  {t!r}: {found.count(t):3d}" for t in TEMPLATES))
+print("strata holding both groups:", {key: {g: len(i) for g, i in groups.items()}
+                                      for key, groups in halves_strata(test).items() if all(groups.values())})
+
+n_train, n_test = study.config["n_train"], study.config["n_test"]
+tests = {run["data_seed"]: make_datasets(n_train, n_test, seed=run["data_seed"])[1] for run in runs}  # each run's own
+assert all(len(run["halves_correct"]["trained restricted"]) == len(tests[run["data_seed"]]) for run in runs)
+
+
+def within_strata(model, selected=runs):
+    return stratified_halves([(run["halves_correct"][model], tests[run["data_seed"]]) for run in selected])
+
+
+def needed_by_a_coin(n, level=0.05):
+    """The fewest positive runs out of n that a fair coin reaches with probability at most `level`
+    (n + 1 when even n of n is that likely, as with very few runs)."""
+    return next((k for k in range(n + 1) if sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n <= level), n + 1)
+
+
+per_run = {model: [within_strata(model, [run]) for run in runs] for model in results}
+for model in results:
+    pooled = within_strata(model)
+    gaps = [r["gap"] for r in per_run[model]]
+    positive, negative = sum(g > 0 for g in gaps), sum(g < 0 for g in gaps)
+    print(f"{model:24} within strata ({pooled['sentences']} sentences, {pooled['strata']} strata): "
+          f"same half {pooled['same half']:.0%}, different halves {pooled['different halves']:.0%}; "
+          f"gap > 0 in {positive}, < 0 in {negative}, tied in {len(gaps) - positive - negative} runs "
+          f"(a coin reaches {needed_by_a_coin(positive + negative)} or more only 5% of the time)")
+
+columns = {"same half\n(all)": lambda r: r["halves"]["trained restricted"]["same half"],
+           "different halves\n(all)": lambda r: r["halves"]["trained restricted"]["different halves"]}
+strata_of = {id(run): result for run, result in zip(runs, per_run["trained restricted"])}
+columns |= {f"{g}\n(within strata)": (lambda r, g=g: strata_of[id(r)][g]) for g in ("same half", "different halves")}
+fig, ax = plt.subplots(figsize=(8, 3.4), layout="constrained")
+plot_runs(ax, study, columns, where=lambda r: id(r) in strata_of,
+          title="Trained restricted: same vs different halves, all sentences and within strata")
+plt.show()
+# END SOLUTION
 
 # %%
 # SOLUTION ONLY
-# The two groups of negated sentences come from different templates (see Part 4).
-templates = {group: {"the ... was not ...": 0, "i did not find ...": 0, "not a ... film": 0} for group in names[1:]}
-for name, idx in test_groups.items():
-    for i in idx if name != "plain" else []:
-        first = test[i].tokens[0]
-        kind = "i did not find ..." if first == "i" else "not a ... film" if first == "not" else "the ... was not ..."
-        templates[name][kind] += 1
-for name, counts in templates.items():
-    print(f"{name:17}", counts)
-assert templates["same half"]["the ... was not ..."] >= 0.9 * len(test_groups["same half"])
+# What the model answer says about the templates and the strata, asserted over every run's sentences.
+same = [template_of(t[i]) for t in tests.values() for i in halves_groups(t)["same half"]]
+movie_share = same.count(TEMPLATES[0]) / len(same)
+assert movie_share > 0.9 and TEMPLATES[1] not in same  # "almost every", and no "i did not find ..."
+both = {key for t in tests.values() for key, groups in halves_strata(t).items() if all(groups.values())}
+assert both == {(TEMPLATES[2], 7), (TEMPLATES[0], 9)}  # the two kinds of strata the model answer names
+print(f"same half, over the runs' held-out sentences: {movie_share:.0%} read 'the movie was not ...', "
+      f"none 'i did not find ...'; strata with both groups: {sorted(both)}")
+
+
+def signs(model):
+    gaps = [r["gap"] for r in per_run[model]]
+    return sum(g > 0 for g in gaps), sum(g < 0 for g in gaps)
+
+
+positive, negative = signs("trained restricted")
+assert positive >= needed_by_a_coin(positive + negative)  # more runs than a coin would give
+assert within_strata("trained restricted")["gap"] > 0  # pooled: same half below different halves
+positive, negative = signs("free, tested free")
+assert max(positive, negative) < needed_by_a_coin(positive + negative)  # no gap the free model can't explain by chance
+assert 6 <= within_strata("trained restricted")["sentences"] / len(runs) <= 24  # "about a dozen per run"
+print("the model answer's statements about the strata hold")
 
 # %% [markdown]
 # ## Part 4 · What changed, and what it suggests
@@ -411,8 +547,12 @@ assert templates["same half"]["the ... was not ..."] >= 0.9 * len(test_groups["s
 #
 # <!-- BEGIN ANSWER -->
 # **Model answer.** *(Part 2's numbers come from untrained modules with seeded weights, the
-# same on every machine. Part 3's come from the seed study, 30 seeds on three CPU kernel paths,
-# printed in the cells above; your own models are one run each.)*
+# same on every machine. Part 3's come from the seed study's independent two-head runs, each
+# with its own seed and its own sentences, counted in the cells above; your own models are one
+# run each. What the restriction does to a freely trained model is counted over the runs in
+# which that model had learned the task; what a model trained restricted does, over every run.
+# "Near chance" means below 72.5%, closer to chance (50%) than to the 95% of a model that
+# learned.)*
 #
 # *What changed in the outputs.* The restriction only takes options away: each head's softmax
 # is renormalised over the half it may see. In the tiny example each head had put about half of
@@ -425,25 +565,39 @@ assert templates["same half"]["the ... was not ..."] >= 0.9 * len(test_groups["s
 # every output feature: restricting what one head sees is felt everywhere downstream.
 #
 # *What it cost the trained model.* Restricted at test time without retraining, the freely
-# trained model breaks: in all 90 runs of the study at least one of the three groups fell to
-# 60% or less, and the medians are 56% (plain), 53% (same half) and 52% (different halves),
-# about chance. The heads had learned to fetch specific words from anywhere; a head that can no
-# longer reach its word delivers something the rest of the model was never trained to read.
-# Retrained with the restriction, the model copes well when "not" and the sentiment word lie in
-# **different** halves (at least 90% in 81 of 90 runs) and badly when they share a half: the
-# **same-half** sentences stayed below 60% in 51 of the 90 runs, and the different-halves group
-# beat the same-half group in 88. Plain sentences landed at 70% to 100% (median 95%).
-# A likely reason: in the same half, both words can reach `<cls>` only through one head, mixed
-# into one weighted average, while words in different halves arrive through two heads, side by
-# side, just as the negation head and the other head deliver them in the free model (chapter
-# 06). One caveat keeps this a hypothesis: in this task the groups also differ by template
-# (almost every same-half sentence reads "the … was not …", almost every different-halves one
-# "i did not find …" or "not a … film"), so part of the gap may be the template.
+# trained model breaks: in every run in which it had learned the task, at least one of the three
+# groups fell below 95%, in most of them one fell near chance, and the medians of both negated
+# groups are near chance. The heads had learned to fetch specific words from anywhere; a head
+# that can no longer reach its word delivers something the rest of the model was never trained
+# to read. Retrained with the restriction, the model learns the sentences where "not" and the
+# sentiment word lie in **different** halves (95% or more) in most runs, while the
+# **same-half** sentences stay near chance in most runs, and the different-halves group beats
+# the same-half group in most runs. Plain sentences are never near chance, and reach 95% in
+# most runs (their range is printed above).
 #
-# *One run would have misled.* Seed 0 happens to be one of the runs that did learn the
-# same-half sentences (89% to 96% on the three kernel paths): trained with seed 0 alone, you
-# would conclude that the restricted model handles them well, and 51 of the 90 runs say
-# otherwise. Your own models are one dot each in the plots above.
+# *The halves, or the template?* As measured, the two groups also differ by template: almost
+# every same-half sentence reads "the movie was not …", and every "i did not find …" sentence
+# falls in different halves. A template that is harder for the restricted model, for any
+# reason, would pass for an effect of the halves. Compared only within strata, sentences of one
+# run with the same template and the same length (two kinds of strata hold both groups: "not a
+# good film in the end" beside "not a really good film to me", and "the long movie was not good
+# in the end" beside "the movie was not really good in the end"), the gap remains: pooled over
+# the runs, the same-half sentences are still below the different-halves ones, and the gap
+# within the strata is positive in more runs than a fair coin would give more than 5% of the
+# time. The freely trained model, tested freely, shows no gap within the strata that a coin
+# would not give, as it should: nothing in it depends on the halves. So the restriction, not
+# the template, is what makes the same-half sentences hard. Two limits: the strata are small
+# (about a dozen sentences per run), and within a stratum the sentences still differ in their
+# optional words (an adjective, an intensifier, the ending).
+#
+# *Why, perhaps.* In the same half, both words can reach `<cls>` only through one head, mixed
+# into one weighted average, while words in different halves arrive through two heads, side by
+# side, just as the negation head and the other head deliver them in most freely trained models
+# that learned (chapter 07). That is a hypothesis: the study does not look inside the restricted model's heads.
+#
+# *One run would have misled.* Across the runs, the restricted model's same-half accuracy spans
+# the whole range, near chance in most runs and 95% or more in some: trained with one seed, you
+# could have concluded either way. Your own models are one dot each in the plots above.
 #
 # *What this suggests about heads.* Heads are separate channels: each computes its own weighted
 # average over what it may see, and only `W_o` and the layers after it combine them. A relation
