@@ -7,7 +7,7 @@
 #   make test            set up .venv, then run the whole suite (what CI runs)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
 #   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it (maintainers)
-#   make study           re-train the seed studies that chapters 07, 08 and 11 quote (~25 min, maintainers)
+#   make study           re-train the seed studies that chapters 07, 08 and 11 quote (~35 min, maintainers)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -106,9 +106,10 @@ notebooks: $(STAMP)
 	$(PY) tools/make_exercises.py
 	$(PY) tools/build_notebooks.py
 
-# Chapters 07 and 11 quote what held over many seeds and CPU kernel paths, not one run, and
-# chapter 08 what held over many independent runs: this trains them all (niced) and rewrites
-# the committed results files. `.venv/bin/python -m mha_lib.sentiment study --help` and
+# Chapters 07, 08 and 11 quote what held over many independent runs (each its own
+# initialisation and data), not one run: this trains them all (niced) and rewrites the
+# committed results files. On 2 cores the sentiment study takes ~13 min and the induction
+# study ~20 min. `.venv/bin/python -m mha_lib.sentiment study --help` and
 # `.venv/bin/python -m mha_lib.induction study --help` for seeds and the rest.
 study: $(STAMP)
 	nice -n 10 $(PY) -m mha_lib.sentiment study --output mha_lib/sentiment/study.json

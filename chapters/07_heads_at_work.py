@@ -16,34 +16,33 @@
 # %% [markdown]
 # # Chapter 07 · Heads at work
 #
-# Chapters 02 to 05 built multi-head attention and proved it right. Every head there had random
-# or hand-set weights. This chapter trains a model and asks the question the sources raise: do
-# the heads of a trained model really **specialize**, like detectives who each look for a
-# different clue? We answer with measurements, not with pictures alone, and the measured
-# answer is less tidy than the metaphor.
+# Chapters 02 to 05 built multi-head attention and proved it right. This chapter
+# trains a model and asks the sources' question: do the heads of a trained model
+# **specialize**, like detectives who each look for a different clue? Measured over many
+# training runs, the answer is less tidy than the metaphor.
 #
 # **By the end of this chapter you will be able to**
 #
-# - build a transformer **encoder layer** from `MultiHeadAttention`, a feed-forward network,
-#   residual connections, dropout and layer normalization, explain the pre-norm / post-norm
-#   choice, and prove the layer equal to `nn.TransformerEncoderLayer`;
-# - generate a small sentiment task with negations ("the movie was not bad" is positive), and
-#   turn its sentences into padded batches of token ids;
-# - train a two-head classifier on it in seconds on a CPU, and report its held-out accuracy on
-#   negated and on plain sentences;
-# - **measure** what each head attends to, and **silence** heads one at a time (ablation) to
-#   measure what each one contributes;
-# - judge how robust such a finding is by repeating the experiment with other seeds.
+# - build a transformer **encoder layer** (attention, a feed-forward network, residual
+#   connections, dropout, layer normalization), explain pre-norm and post-norm, and prove it
+#   equal to `nn.TransformerEncoderLayer`;
+# - train a two-head classifier on sentences with negations ("the movie was not bad" is
+#   positive) in seconds on a CPU;
+# - **measure** what each head attends to, against what uniform attention would give;
+# - **ablate** a head three ways (zero, mean, resample) and split the prediction into one term
+#   per head (**direct logit attribution**);
+# - compare one, two, four and eight heads on the same task;
+# - judge a finding by the number of **independent runs** it holds in.
 #
-# *Sources.* "The movie was not bad", where the relation between "not" and "bad" decides the
-# sentiment, is from *Transformers in Action* (Manning), section 1.1.4; its section 2.2.1 puts
-# multi-head attention into an encoder layer with a feed-forward network, residual connections,
-# dropout and normalization. Heads as spotlights and as detectives who each look for a different
-# clue are from Priyesh Dave's post "Day 28: Multi-Head Attention" (DEV Community). Also cited:
-# Vaswani et al., "Attention Is All You Need" (2017); Xiong et al., "On Layer Normalization in
-# the Transformer Architecture" (2020); Devlin et al., "BERT" (2019); Michel et al., "Are
-# Sixteen Heads Really Better than One?" (2019); Voita et al., "Analyzing Multi-Head
-# Self-Attention" (2019).
+# *Sources.* "The movie was not bad" and the encoder layer are from *Transformers in Action*
+# (Manning), sections 1.1.4 and 2.2.1; heads as detectives who each look for a different clue,
+# from Priyesh Dave's post "Day 28: Multi-Head Attention" (DEV Community). Also cited: Vaswani
+# et al., "Attention Is All You Need" (2017); Xiong et al., "On Layer Normalization in the
+# Transformer Architecture" (2020); Devlin et al., "BERT" (2019); Michel et al., "Are Sixteen
+# Heads Really Better than One?" (2019); Voita et al., "Analyzing Multi-Head Self-Attention"
+# (2019); Elhage et al., "A Mathematical Framework for Transformer Circuits" (2021); Zhang and
+# Nanda, "Towards Best Practices of Activation Patching in Language Models" (2024); Bhojanapalli
+# et al., "Low-Rank Bottleneck in Multi-head Attention Models" (2020).
 
 # %% [markdown]
 # ## Set-up
@@ -52,7 +51,11 @@
 # random generators.
 
 # %%
+from collections import Counter
+from statistics import median
+
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from torch import nn
 
@@ -80,8 +83,20 @@ from mha_lib.sentiment import (
     silence_heads,
     train_model,
 )
+from mha_lib.sentiment.attribution import ABLATIONS, ablated_accuracy, logit_attribution
 from mha_lib.sentiment.plots import plot_runs
-from mha_lib.sentiment.study import FINDINGS, check_findings, learned, negation_head_of
+from mha_lib.sentiment.study import (
+    FINDINGS,
+    baselines,
+    findings_table,
+    independent,
+    kernel_path_changes,
+    learned,
+    negation_head_of,
+    other_head_of,
+    robust_seeds,
+    wording,
+)
 
 device = get_device()
 seed_everything(0)
@@ -91,27 +106,23 @@ print("Running on:", device.type)
 # %% [markdown]
 # ## 1. The encoder layer
 #
-# Multi-head attention is one half of a transformer **encoder layer**. The layer has two
-# *sublayers*:
+# Multi-head attention is one half of a transformer **encoder layer**. The other half is a
+# **position-wise feed-forward network**: each token's vector, on its own, goes through the same
+# small network, `Linear(d_model, d_ff) → ReLU → Linear(d_ff, d_model)`. Attention mixes
+# *across* positions; the feed-forward network transforms *each* position.
 #
-# 1. **multi-head self-attention**: every token gathers information from the other tokens;
-# 2. a **position-wise feed-forward network**: every token's vector, on its own, goes through
-#    the same small two-layer network, `Linear(d_model, d_ff) → ReLU → Linear(d_ff, d_model)`.
-#    Attention mixes *across* positions; the feed-forward network transforms *each* position.
+# The book wraps each of the two sublayers in three things:
 #
-# The book wraps each sublayer in three things:
-#
-# - a **residual connection**: the sublayer's output is *added* to its input, `x + sublayer(x)`.
-#   The sublayer only has to learn a correction to `x`, and the gradient has a direct path
-#   back through the `+`, which keeps deep stacks trainable;
-# - **dropout** on the sublayer's output, in training only: random entries are zeroed (and the
-#   rest scaled up) so that the model can't rely on any single feature;
+# - a **residual connection**, `x + sublayer(x)`: the sublayer learns a correction to `x`, and
+#   the gradient has a direct path back through the `+`, which keeps deep stacks trainable;
+# - **dropout** on the sublayer's output, in training only: random entries are zeroed (the rest
+#   scaled up), so the model can't rely on any single feature;
 # - **layer normalization**: each token's vector is shifted and scaled to mean 0 and variance 1
-#   over its `d_model` features (then multiplied and shifted by two learned vectors). It keeps
-#   the numbers in a steady range however many layers are stacked.
+#   over its `d_model` features (then multiplied and shifted by two learned vectors), which
+#   keeps the numbers in a steady range however many layers are stacked.
 #
-# Layer norm works token by token: here one token's 8 features, whatever their size, come out
-# with mean 0 and standard deviation 1.
+# Layer norm works token by token: one token's 8 features, whatever their size, come out with
+# mean 0 and standard deviation 1.
 
 # %%
 norm = nn.LayerNorm(8)
@@ -121,8 +132,8 @@ print(f"before: mean {token.mean():.2f}, std {token.std(unbiased=False):.2f}")
 print(f"after:  mean {normalized.mean().abs():.2f}, std {normalized.std(unbiased=False):.2f}")
 
 # %% [markdown]
-# **Where does the normalization go?** The original Transformer (and the book's description)
-# normalizes *after* adding the residual, **post-norm**:
+# **Where does the normalization go?** The original Transformer (and the book) normalizes
+# *after* adding the residual, **post-norm**:
 #
 # $$x \leftarrow \text{LayerNorm}\big(x + \text{Dropout}(\text{Sublayer}(x))\big)$$
 #
@@ -130,14 +141,12 @@ print(f"after:  mean {normalized.mean().abs():.2f}, std {normalized.std(unbiased
 #
 # $$x \leftarrow x + \text{Dropout}\big(\text{Sublayer}(\text{LayerNorm}(x))\big)$$
 #
-# `mha_lib.EncoderLayer` is pre-norm. The residual path then carries `x` through the layer
-# untouched, the gradients stay well scaled at the start of training, and the model trains
-# stably without the learning-rate *warm-up* that post-norm needs (Xiong et al., 2020). The
-# price: a stack of pre-norm layers ends with one more `LayerNorm`, because nothing normalizes
-# the last layer's output. PyTorch calls this `nn.TransformerEncoderLayer(..., norm_first=True)`.
+# `mha_lib.EncoderLayer` is pre-norm: the residual path carries `x` through untouched, and the
+# model trains stably without the learning-rate *warm-up* post-norm needs (Xiong et al., 2020).
+# The price: a stack ends with one more `LayerNorm`, since nothing normalizes the last layer's
+# output. PyTorch calls it `nn.TransformerEncoderLayer(..., norm_first=True)`.
 #
-# Here is the layer, with the tiny sizes of chapter 03 (`d_model` 8, 2 heads) and
-# `d_ff = 4 · d_model` as in the paper:
+# The layer, with chapter 03's tiny sizes (`d_model` 8, 2 heads) and `d_ff = 4 · d_model`:
 
 # %%
 layer = EncoderLayer(d_model=8, num_heads=2, d_ff=32).to(device)
@@ -213,14 +222,11 @@ print("eval mode,  two calls equal:", torch.equal(noisy(x), noisy(x)))
 # - "i [found | did not find] the [long] plot [really] boring [overall]"
 # - "[not] a [really] good film [overall]"
 #
-# with 7 positive and 7 negative sentiment words, and distractors everywhere else: determiners,
-# subjects, verbs, neutral adjectives ("long", "french"), intensifiers ("really") and endings
-# ("to me", "in the end"; "at all" only after a "not"). The **label is the sentiment after
-# negation**: "not" flips it. Half the sentences are negated, so reading the sentiment word
-# alone gets every negated sentence wrong, and "not" alone says nothing about the label: the
-# model must relate the two words, exactly the point of the book's "The movie was not bad".
-#
-# The generator is seeded, and the held-out sentences are different from the training ones.
+# with 7 positive and 7 negative sentiment words, and distractors elsewhere ("long", "french",
+# "really", "to me", "at all" only after a "not"). The **label is the sentiment after
+# negation**. Half the sentences are negated, so the sentiment word alone gets every negated
+# sentence wrong, and "not" alone says nothing: the model must relate the two words, the point
+# of the book's "The movie was not bad". The held-out sentences differ from the training ones.
 
 # %%
 train, test = make_datasets(n_train=2000, n_test=500, seed=0)
@@ -261,20 +267,16 @@ for row in tokens:
 #
 # `SentimentClassifier` is as small as a transformer classifier gets:
 #
-# 1. **token embedding + learned position embedding**: attention itself ignores word order
-#    (chapter 02), so each position gets a learned vector added (chapter 06's learned table);
+# 1. **token embedding + learned position embedding** (attention ignores word order, chapter 02;
+#    this is chapter 06's learned table);
 # 2. **one `EncoderLayer`** with `d_model = 48`, **2 heads** of 24 features and `d_ff = 96`;
 # 3. a final `LayerNorm` (the layer is pre-norm);
 # 4. a linear **classifier** on the vector of `<cls>`: two logits, negative and positive.
 #
-# `<cls>` is a token without a meaning of its own (BERT uses the same trick). It attends to the
-# sentence like every other token, and what its heads bring back is all that changes from one
-# sentence to the next in what the classifier sees (`<cls>` itself is always the same). So
-# in this one-layer model only **the `<cls>` row of each attention map reaches the prediction**:
-# that is the row to watch.
-#
-# The model also accepts an extra mask (`forward(tokens, mask=...)`, combined with the padding
-# mask), e.g. a per-head `(H, L, L)` mask; chapter 11 uses it to restrict the heads.
+# `<cls>` has no meaning of its own (as in BERT); what its heads bring back is all that changes
+# from one sentence to the next in what the classifier sees. So in this one-layer model only
+# **the `<cls>` row of each attention map reaches the prediction**: that is the row to watch.
+# (The model also accepts an extra mask, e.g. one per head; chapter 11 uses it.)
 
 # %%
 seed_everything(0)  # seed, then build: the starting weights come from the seed (the seed study does the same)
@@ -291,131 +293,141 @@ print("attention weights:", len(weights), "layer(s) of", tuple(weights[0].shape)
 # %% [markdown]
 # ## 4. Training
 #
-# `train_model` runs AdamW (learning rate 0.005) on the cross-entropy loss: 12 passes (epochs)
-# over the 2000 training sentences in batches of 32, and prints a progress line every 3 epochs
-# with the loss, the training accuracy and the held-out accuracy on negated and plain sentences.
+# `train_model` runs AdamW (learning rate 0.005) on the cross-entropy loss, 12 passes (epochs)
+# over the training sentences in batches of 32, with dropout 0, on **one CPU thread** (the
+# operations are too small to share out).
 #
-# Two choices keep it fast and comparable. Dropout is 0: with 2000 different sentences the
-# model has little to overfit, and without random dropout masks a run depends on its seed
-# alone. And the model trains on **one CPU thread**: its operations are too small to share out,
-# and on a busy machine threads that wait for each other slow every step down. `mha_lib` never
-# changes the number of threads behind your back; this notebook asks for one thread itself, in
-# the next cell, as the seed study below did.
+# **One run is one sample.** Another seed gives another model, and so can another machine: a
+# different CPU rounds some sums differently, and over 750 optimizer steps that can change the
+# run's path. So this chapter never tells you what *your* run printed. It quotes a **seed study**
+# (`mha_lib/sentiment/study.json`; `make study` re-runs it):
 #
-# **One run is one sample.** Even seeded, a training run is not the same on every machine.
-# Another CPU, or a GPU, rounds the last bit of some sums differently; over some 750 optimizer
-# steps such differences grow until the run takes another path (even the number of threads
-# changes the order of the additions). So this chapter never tells you what *your* run printed.
-# It quotes a **seed study**: this model trained from 30 seeds on three of PyTorch's CPU kernel
-# paths (AVX-512, AVX2 and plain C++, chosen with the environment variable
-# `ATEN_CPU_CAPABILITY`), measured exactly as below. It ships with the course
-# (`mha_lib/sentiment/study.json`; `make study` re-runs it), and cells of this chapter read it.
-# What held in every run of it is asserted on your model, where the text states it.
+# - **independent runs**: run *s* seeds its weights with *s* and draws its own sentences with
+#   seed *s*; 40 runs with two heads, 24 each with one, four and eight (section 8);
+# - **thresholds fixed in advance, from baselines**: a guess is right half the time (*chance*);
+#   a run has *learned* when it errs at most a tenth as often as a guess, on negated and plain
+#   sentences alike (95%); *near chance* is below 72.5%, closer to chance than to 95% (or
+#   below chance). If `<cls>` attended uniformly to its `n` tokens, each would get `1/n`, about
+#   13% here (*uniform*); a head *has a role* for a word when it gives it at least halfway from
+#   uniform to everything (about 57%);
+# - **counts**: each finding is printed with its number of runs; the text says *all*, *most*
+#   (more than half) or *some* accordingly.
+#
+# Your held-out sentences are run 0's, so their baselines must be run 0's:
 
 # %%
 torch.set_num_threads(1)  # this notebook's choice: a model this small trains fastest on one thread
 study = load_study()
-print(f"seed study: {len(study.runs)} runs = {len(study.seeds)} seeds x {len(study.paths)} kernel paths {study.paths},")
-print(f"PyTorch {', '.join(sorted({run['torch'] for run in study.runs}))}, "
-      f"{', '.join(str(n) for n in sorted({run['threads'] for run in study.runs}))} thread per run")
-assert (len(study.seeds), len(study.paths)) == (30, 3)
+two_heads = [run for run in study.runs if independent(run) and "heads" in run]  # seeds 0-39
+two_learned = lambda run: run in two_heads and learned(run)  # noqa: E731
+print("independent runs per number of heads:",
+      dict(Counter(run["num_heads"] for run in study.runs if independent(run, None))))
+base = baselines(test)
+print("baselines of your held-out sentences:", base)
+assert base == two_heads[0]["baselines"] and two_heads[0]["seed"] == 0
+print()
+print(findings_table(study, ["untrained: no head has a role"]))
 
 # %% [markdown]
-# Now train the model of section 3 (seed 0). The cell prints timings and the numbers of your
-# run, so the course's tests run it without comparing its output.
+# No head of an untrained model has a role: random weights don't pass the threshold.
+#
+# Now train. `train_run` does what the study does for one run (seed, build, train), and records
+# after every epoch each head's share of `<cls>`'s attention on "not" in negated sentences.
+
+
+# %%
+def train_run(seed, train, test):
+    """Seed, build and train a two-head model as the study does. Returns the model, its
+    accuracy curves and, per epoch, each head's share of <cls>'s attention on "not"."""
+    seed_everything(seed)
+    model = SentimentClassifier(len(vocab), d_model=48, num_heads=2, num_layers=1, d_ff=96)
+    negated = [e for e in test if e.negated]
+    on_not = []  # one [head 0, head 1] pair per epoch
+
+    def record(epoch, model):
+        on_not.append(attention_shares(model, negated, vocab)["not"].tolist())
+
+    history = train_model(model.to(device), train, vocab, test=test, epochs=12, batch_size=32,
+                          lr=5e-3, seed=seed, on_epoch=record, reports=3)
+    return model, history, on_not
+
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (timings, and the digits of a training run, vary by machine)
-history = train_model(model, train, vocab, test=test, epochs=12, batch_size=32, lr=5e-3, seed=0)
+model, history, on_not = train_run(0, train, test)
 
 # %% [markdown]
-# **Did it learn?** In the study, most runs reached at least 95% on both groups, but not all:
+# Run 0 learned in the study, and again when the study repeated it on a second CPU *kernel
+# path* (PyTorch's plain C++ code instead of its AVX-512 code). Rounding alone changes some
+# outcomes, though:
 
 # %%
-k, n = study.count(learned)
-print(f"runs with at least 95% on negated and on plain sentences: {k} of {n}")
-for path in study.paths:
-    k_path, n_path = study.count(learned, path)
-    below = [run["seed"] for run in study.runs if run["path"] == path and not learned(run)]
-    print(f"  {path:8} {k_path} of {n_path}; below: seeds {below}")
-stuck = [run for run in study.runs if run["seed"] in (7, 12) and not learned(run)]
-print("seeds 7 and 12 below 95%:", [(run["seed"], run["path"]) for run in stuck],
-      "- <cls>'s share on 'not' (negated sentences), head 0 and head 1:",
-      [f"{run['heads']['cls_to_not'][0]:.0%} {run['heads']['cls_to_not'][1]:.0%}" for run in stuck])
-assert (k, n) == (76, 90) and all(learned(run) for run in study.runs if run["seed"] == 0)
-assert len(stuck) == 4 and all(min(run["heads"]["cls_to_not"]) >= 0.85 and run["heads"]["accuracy"]["negated"] < 0.55
-                               for run in stuck)  # both heads on "not", negated sentences at chance
+k, n = kernel_path_changes(study)
+print(f"the same seed learned on one kernel path and not on the other: {k} of {n} seeds")
+assert wording(k, n) == "some" and 0 in robust_seeds(study)
 
 # %% [markdown]
-# Seeds 7 and 12 stayed at chance on negated sentences on two kernel paths, and learned on the
-# third: **the same seed on another CPU is another run**. In those four runs *both* heads had
-# locked onto "not" with most of `<cls>`'s attention (89% or more), so nothing brought the sentiment
-# word of a negated sentence, and a saturated softmax has almost no gradient to get out of that
-# (chapter 01). Other runs fell a little short, on plain or on negated sentences.
-#
-# Seed 0, trained above, learned on all three paths. Should it fall short on your machine
-# anyway, the next cell trains again from the next seed (at most twice), so that the rest of
-# the chapter studies a model that learned the task; the assert says it did.
+# So should your run fall short, the next cell trains the next seed that learned on both paths,
+# with its own sentences (at most three times); the assert says the model learned.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the accuracy of your run; the assert checks what must hold)
 seed = 0
-while min(evaluate(model, test, vocab)[group] for group in ("negated", "plain")) < 0.95 and seed < 2:
-    seed += 1
-    print(f"seed {seed - 1} fell short of 95%; training again from seed {seed}")
-    seed_everything(seed)
-    model = SentimentClassifier(len(vocab), d_model=48, num_heads=2, num_layers=1, d_ff=96).to(device)
-    history = train_model(model, train, vocab, test=test, epochs=12, batch_size=32, lr=5e-3, seed=seed, reports=0)
+backups = [s for s in robust_seeds(study) if s != 0][:3]
+while min(evaluate(model, test, vocab)[g] for g in ("negated", "plain")) < 0.95 and backups:
+    seed = backups.pop(0)
+    print(f"fell short of 95%; training seed {seed} on its own sentences")
+    train, test = make_datasets(n_train=2000, n_test=500, seed=seed)
+    model, history, on_not = train_run(seed, train, test)
+    base = baselines(test)
 accuracy = evaluate(model, test, vocab)
 assert accuracy["negated"] >= 0.95 and accuracy["plain"] >= 0.95, accuracy
-print(f"held-out accuracy of your model (seed {seed}): negated {accuracy['negated']:.0%}, plain {accuracy['plain']:.0%}")
+print(f"held-out accuracy of your model (seed {seed}): "
+      f"negated {accuracy['negated']:.0%}, plain {accuracy['plain']:.0%}")
 
 # %% [markdown]
-# The curves show how it learned: yours in colour, every run of the study in grey (the model
-# of each run is the free model of section 3, trained as above from its own seed).
+# How did the runs learn? Held-out accuracy after each epoch for every two-head run (blue:
+# learned; orange: did not), and, for the runs that learned, the share of `<cls>`'s attention
+# on "not" of the head that ends up looking at it most (section 5). Yours is in black.
 
 # %%
-epochs = range(1, len(history["loss"]) + 1)
+epochs = range(1, 13)
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.3), layout="constrained")
-axes[0].plot(epochs, history["loss"], "o-")
-axes[0].set(xlabel="epoch", ylabel="cross-entropy", title="Training loss (your run)")
-for ax, group, colour in ((axes[1], "plain", "tab:blue"), (axes[2], "negated", "tab:orange")):
-    for run in study.runs:
-        ax.plot(epochs, run["heads"]["history"][group], color="grey", alpha=0.15, lw=1)
-    ax.plot(epochs, history[f"test_{group}"], "o-", color=colour, label="your run")
-    ax.axhline(0.5, color="grey", ls=":", label="chance")
-    ax.set(xlabel="epoch", ylabel="held-out accuracy", ylim=(0, 1.05), title=f"{group.capitalize()} sentences")
-    ax.legend(loc="lower right")
+for run in two_heads:
+    curves, colour = run["heads"]["history"], "tab:blue" if learned(run) else "tab:orange"
+    axes[0].plot(epochs, curves["plain"], color=colour, alpha=0.25, lw=1)
+    axes[1].plot(epochs, curves["negated"], color=colour, alpha=0.25, lw=1)
+    if learned(run):
+        h = negation_head_of(run)
+        axes[2].plot(epochs, [shares[h] for shares in curves["cls_to_not"]], color=colour, alpha=0.25, lw=1)
+yours_h = max(range(2), key=lambda h: on_not[-1][h])
+axes[0].plot(epochs, history["test_plain"], "k.-", label="your run")
+axes[1].plot(epochs, history["test_negated"], "k.-", label="your run")
+axes[2].plot(epochs, [shares[yours_h] for shares in on_not], "k.-", label="your run")
+axes[2].axhline(base["role"], color="grey", ls="--", lw=1, label="role threshold")
+axes[2].axhline(base["uniform"], color="grey", ls=":", lw=1, label="uniform attention")
+for ax, title in zip(axes, ("Plain sentences", "Negated sentences", "Negation head: <cls> on 'not'")):
+    ax.set(xlabel="epoch", ylim=(-0.03, 1.03), title=title)
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.legend(loc="lower right", fontsize=7)
+axes[0].set_ylabel("held-out accuracy")
+axes[2].set_ylabel("share of attention")
 plt.show()
 
-
-# %%
-def epoch_reaching(accuracies, level=0.9):
-    """The first epoch at which the accuracy reaches `level` (None if never)."""
-    return next((epoch for epoch, acc in enumerate(accuracies, start=1) if acc >= level), None)
-
-
-def plain_not_later(run):
-    curves = run["heads"]["history"]
-    plain, negated = epoch_reaching(curves["plain"]), epoch_reaching(curves["negated"])
-    return plain is not None and (negated is None or plain <= negated)
-
-
-k, n = study.count(plain_not_later)
-print(f"plain sentences reached 90% no later than negated ones in {k} of {n} runs")
-assert (k, n) == (77, 90)
+print(findings_table(study, ["2 heads: learned", "not learned: negated sentences near chance",
+                             "plain sentences learned first", "plain and negated learned together",
+                             "negated sentences learned first",
+                             "negation head in place when negated sentences are learned"]))
 
 # %% [markdown]
-# In 77 of the 90 runs, plain sentences reached 90% no later than negated ones: the model
-# usually reads the sentiment word first and relates it to "not" afterwards, in some runs with
-# a dip while it reorganizes what its heads do. The grey curves also show the runs that never
-# got there.
+# Most two-head runs learned; most of the others stayed near chance on negated sentences. In
+# most runs that learned, plain sentences reached 95% at an earlier epoch than negated ones,
+# and a head had its role for "not" by the epoch negated sentences got there (an epoch is a
+# coarse clock: "by" includes the same epoch).
 #
-# A few sentences of our own, and whether the model saw them in training ("not bad" alone fits
-# none of the templates). These are your model's answers, so the course's tests don't compare
-# them.
+# Your model on a few sentences of our own ("not bad" alone fits none of the templates):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -431,9 +443,8 @@ for sentence, label in zip(mine, predict(model, mine, vocab).tolist()):
 # %% [markdown]
 # ## 5. What do the heads look at?
 #
-# Each head has its own attention map. Rows are queries (the token that looks), columns are
-# keys (the tokens looked at). Remember: only the `<cls>` row, the top one, reaches the
-# classifier; the other rows are computed but, in this one-layer model, never used.
+# Each head has its own attention map: rows are queries (the token that looks), columns are
+# keys. Only the `<cls>` row, the top one, reaches the classifier.
 
 # %%
 def labels_of(sentence):
@@ -452,8 +463,7 @@ plot_attention(weights_of([sentence])[0], labels_of(sentence), title=f'"{sentenc
 plt.show()
 
 # %% [markdown]
-# Now only the `<cls>` rows, for several sentences, negated and plain, with positive and
-# negative sentiment words:
+# Only the `<cls>` rows, for negated and plain sentences with positive and negative words:
 
 # %%
 examples = ["the movie was not bad", "the movie was bad", "this film is really good",
@@ -466,7 +476,8 @@ for ax, sentence in zip(axes, examples):
     for h in range(cls_rows.size(0)):
         for j in range(cls_rows.size(1)):
             w = cls_rows[h, j].item()
-            ax.text(j, h, f"{w:.2f}", ha="center", va="center", fontsize=8, color="white" if w > 0.6 else "black")
+            ax.text(j, h, f"{w:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if w > 0.6 else "black")
     ax.set_xticks(range(len(words)), words)
     ax.set_yticks(range(cls_rows.size(0)), [f"head {h}" for h in range(cls_rows.size(0))])
 fig.suptitle("Where <cls> looks, head by head (your model)")
@@ -474,13 +485,10 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Often a head puts almost all of `<cls>`'s attention on a single word, and which word depends
-# on the sentence: "not", a sentiment word, or something else. Five sentences can mislead,
-# though, so let's **measure**. The held-out sentences fall into four groups: plain or negated,
-# with a positive or a negative sentiment word; call them "good", "bad", "not good" and
-# "not bad" for short (+ and − below). For each group and each head, `attention_shares`
-# averages the share of `<cls>`'s attention that goes to `<cls>` itself, to "not", to the
-# sentiment word and to all other words.
+# Five sentences can mislead, so let's **measure**. The held-out sentences fall into four groups,
+# "good", "bad", "not good" and "not bad" (+ and −: the sentiment word's polarity).
+# `attention_shares` averages, per group and head, `<cls>`'s share on itself, on "not", on the
+# sentiment word and on other words.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -489,190 +497,93 @@ groups = four_groups(test)  # {"plain+": [...], "plain-": [...], "negated+": [..
 shares = {name: attention_shares(model, examples, vocab) for name, examples in groups.items()}
 roles = list(shares["plain+"])  # <cls>, not, sentiment word, other words
 H = model.num_heads
-
-print("held-out sentences per group:", ", ".join(f"{name} {len(ex)}" for name, ex in groups.items()))
+negated = groups["negated+"] + groups["negated-"]
+plain = groups["plain+"] + groups["plain-"]
 for h in range(H):
-    print(f"\n{f'head {h}: <cls> attends to':22}" + "".join(f"{role:>16}" for role in roles))
+    print(f"{f'head {h}: <cls> attends to':22}" + "".join(f"{role:>15}" for role in roles))
     for name in groups:
-        print(f"  {name:20}" + "".join(f"{shares[name][role][h].item():16.0%}" for role in roles))
+        print(f"  {name:20}" + "".join(f"{shares[name][role][h].item():15.0%}" for role in roles))
 
 # %% [markdown]
-# **The negation head.** Call the head that puts more of `<cls>`'s attention on "not" in the
-# negated sentences the **negation head**, and the other one the **other head**. The next cell
-# finds out which is which in your model; the text never assumes it, because which head takes
-# the job is chance: head 0 in 41 of the 76 runs of the study that learned, head 1 in 35. That
-# there is one is not: in all 76 runs, the negation head's share exceeded the other head's by at
-# least 10 percentage points (by 36 or more in 75 of them), and in 74 it was 60% or more.
+# **The negation head** is the head that puts the most of `<cls>`'s attention on "not" in
+# negated sentences; the **other head** is the other one. Which head takes which job is chance,
+# so the code finds out:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (which head it is, and its shares, depend on your run)
-negated = groups["negated+"] + groups["negated-"]
-plain = groups["plain+"] + groups["plain-"]
+# (which head it is depends on your run)
 not_share = attention_shares(model, negated, vocab)["not"]  # (H,)
 negation_head = int(not_share.argmax())
 other_head = 1 - negation_head
-print(f"the negation head of your model: head {negation_head}; the other head: head {other_head}")
-print("share of <cls>'s attention on 'not' in negated sentences:",
-      ", ".join(f"head {h} {not_share[h].item():.0%}" for h in range(H)))
-assert not_share[negation_head] - not_share[other_head] >= 0.10  # held in all 76 runs that learned
+print(f"your model: negation head = head {negation_head}, other head = head {other_head}")
+
 
 # %%
-def share_on_not(head):
-    """A run's <cls> share on "not" (negated sentences) of its negation head or of its other head."""
-    return lambda r: r["heads"]["cls_to_not"][negation_head_of(r) if head == "negation" else 1 - negation_head_of(r)]
+def head_of(run, who):
+    """A run's negation head or other head (for two heads, the one that is not the negation head)."""
+    return negation_head_of(run) if who == "negation" else other_head_of(run)
 
 
-head_0, learned_runs = study.count(lambda r: negation_head_of(r) == 0, where=learned)
-gaps = study.values(lambda r: share_on_not("negation")(r) - share_on_not("other")(r), where=learned)
-print(f"head 0 is the negation head in {head_0} of the {learned_runs} runs that learned")
-at_60 = study.count(lambda r: share_on_not("negation")(r) >= 0.6, where=learned)[0]
-print(f"negation head's share minus the other's: {min(gaps):.0%} to {max(gaps):.0%}, "
-      f"at least 36 points in {sum(g >= 0.36 for g in gaps)} runs; negation head at 60% or more in {at_60}")
-assert (head_0, learned_runs, f"{min(gaps):.0%}", sum(g >= 0.36 for g in gaps), at_60) == (41, 76, "10%", 75, 74)
-fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained")
-plot_runs(ax, study, {"negation head": share_on_not("negation"), "other head": share_on_not("other")},
-          where=learned, yours={"negation head": not_share[negation_head].item(), "other head": not_share[other_head].item()},
-          ylabel="share of <cls>'s attention on 'not'", chance=False,
-          title="Negated sentences: <cls>'s attention on 'not', one dot per run that learned")
+def on_word(shares, h):
+    """Head h's share of <cls>'s attention on the sentiment word: the higher of the two negated groups."""
+    return max(float(shares[g]["sentiment word"][h]) for g in ("negated+", "negated-"))
+
+
+def word_group(run):
+    """Where a run's other head has a role for the sentiment word."""
+    h, role = head_of(run, "other"), run["baselines"]["role"]
+    on = tuple(run["heads"]["cls_shares"][g]["sentiment word"][h] >= role for g in ("negated+", "negated-"))
+    return {(True, False): "not good", (False, True): "not bad", (True, True): "both"}.get(on, "neither")
+
+
+won = [run for run in two_heads if learned(run)]
+print("runs that learned, by their negation head:", dict(Counter(f"head {negation_head_of(r)}" for r in won)))
+print("... by where their other head brings the sentiment word:", dict(Counter(map(word_group, won))))
+
+# %% [markdown]
+# Both are chance. Over the study's runs that learned, one dot per run ("other head on the
+# sentiment word": the higher of "not good" and "not bad"):
+
+# %%
+columns = {
+    "negation head\non 'not'": lambda r: r["heads"]["cls_to_not"][head_of(r, "negation")],
+    "other head\non 'not'": lambda r: r["heads"]["cls_to_not"][head_of(r, "other")],
+    "other head on\nthe sentiment word": lambda r: on_word(r["heads"]["cls_shares"], head_of(r, "other")),
+}
+yours = dict(zip(columns, (not_share[negation_head].item(), not_share[other_head].item(),
+                           on_word(shares, other_head))))
+fig, ax = plt.subplots(figsize=(8, 3.4), layout="constrained")
+plot_runs(ax, study, columns, where=two_learned, yours=yours, chance=False,
+          ylabel="share of <cls>'s attention", title="Negated sentences, one dot per run that learned")
+for name in ("role", "uniform"):
+    ax.axhline(base[name], color="grey", ls="--" if name == "role" else ":", lw=1)
+    ax.text(2.45, base[name], f" {name}", va="center", fontsize=8)
 plt.show()
+print(findings_table(study, ["a negation head", "the other head brings the sentiment word",
+                             "the other head brings the word in both negated groups",
+                             "the other head looks at 'not' in the other negated group",
+                             "plain: the negation head brings the sentiment word",
+                             "the sentiment word looks at 'not' more than uniform attention"]))
 
 # %% [markdown]
-# Every dot is one trained model; the star is yours. Its exact place varies by machine; the
-# assert above checks that your model has a negation head by the study's margin.
+# In most runs that learned, the negation head has a role for "not", and the other head one for
+# the sentiment word in "not good" or in "not bad" (in both, in only some runs). In the other
+# group it looks at "not" (the dots near 50%), so "not good" and "not bad" send `<cls>`
+# different tokens. In plain sentences, in most runs, the negation head brings the sentiment
+# word in "good" or in "bad" sentences.
 #
-# **What the other head brings.** In negated sentences the negation head looks at "not", so
-# the sentiment word, the other half of the clue, must come from the other head. It does, for
-# one polarity: in 75 of the 76 runs that learned, the other head put at least 90% of `<cls>`'s
-# attention on the sentiment word in exactly one of the two groups "not good" and "not bad"
-# (the positive word in 42 runs, the negative one in 33; in the last run, in both). So "not
-# good" and "not bad" reach `<cls>` as different pairs of reports: (not, sentiment word) in one,
-# (not, something else) in the other. Neither head computes the answer; each reports where it
-# found a clue.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (your run's shares)
-word_share = {name: shares[name]["sentiment word"][other_head].item() for name in ("negated+", "negated-")}
-print("the other head's share on the sentiment word:", ", ".join(f"{name} {s:.0%}" for name, s in word_share.items()))
-assert max(word_share.values()) >= 0.90  # held in all 76 runs that learned (the lowest: 96%)
-
-
-# %%
-def other_head_on_word(run, group):
-    return run["heads"]["cls_shares"][group]["sentiment word"][1 - negation_head_of(run)] >= 0.9
-
-
-k_pos = study.count(lambda r: other_head_on_word(r, "negated+"), where=learned)[0]
-k_neg = study.count(lambda r: other_head_on_word(r, "negated-"), where=learned)[0]
-k_one = study.count(lambda r: other_head_on_word(r, "negated+") != other_head_on_word(r, "negated-"), where=learned)[0]
-print(f"other head on the sentiment word in exactly one negated group: {k_one} of {learned_runs} runs; "
-      f"in 'not good': {k_pos}, in 'not bad': {k_neg}")
-assert (k_one, k_pos, k_neg) == (75, 43, 34)
-
-# %% [markdown]
-# How cleanly each head keeps to one kind of word, and how much the two heads overlap, are not
-# robust either:
-
-# %%
-def favourite(run, group, head):
-    """The kind of word that gets most of <cls>'s attention from this head in this group."""
-    shares = run["heads"]["cls_shares"][group]
-    return max(shares, key=lambda role: shares[role][head])
-
-
-groups_06 = ["plain+", "plain-", "negated+", "negated-"]
-clean = study.values(lambda r: [max(s[h] for s in r["heads"]["cls_shares"][g].values()) >= 0.9
-                                for g in groups_06 for h in (0, 1)], where=learned)
-overlap = study.values(lambda r: sum(favourite(r, g, 0) == favourite(r, g, 1) for g in groups_06), where=learned)
-print(f"a head put 90% or more on one kind of word in {sum(map(sum, clean))} of {8 * len(clean)} "
-      f"(run, group, head) cases")
-print("groups in which both heads mostly look at the same kind of word:",
-      {n: overlap.count(n) for n in range(5) if overlap.count(n)}, "runs")
-assert (sum(map(sum, clean)), [overlap.count(n) for n in range(5)]) == (461, [4, 25, 40, 7, 0])
-
-# %% [markdown]
-# A head put 90% or more of `<cls>`'s attention on one kind of word in three cases out of four
-# (461 of 608), and the two heads' favourite kinds of word coincided in anything from 0 to 3
-# of the four groups (2 in 40 of the 76 runs). So don't read a division of labour off a single
-# table like yours above; read what the runs have in common.
+# **And "bad" looking at "not", as in the book?** In most runs the sentiment word's row gives
+# "not" more than uniform attention would in one of its heads, but here that row never reaches
+# the classifier.
 #
-# **What does the classifier read?** Not the heads directly. After the layer, `<cls>`'s vector
-# is its own embedding, plus what `W_o` makes of the two heads' outputs, plus the feed-forward
-# network's correction; the final `LayerNorm` normalizes it and one linear map turns it into
-# two logits. A natural guess is that the feed-forward network turns the pair of reports into
-# the label. Test the guess: `feed_forward_off(model)` switches the feed-forward sublayer off
-# (a forward hook that zeroes its output, so the layer passes on `x` plus attention only).
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (your run's accuracy without its feed-forward network)
-with feed_forward_off(model):
-    no_ffn = evaluate(model, test, vocab)
-print(f"your model without its feed-forward network: negated {no_ffn['negated']:.0%}, plain {no_ffn['plain']:.0%}")
-
-
-# %%
-def ffn_off(group):
-    return lambda r: r["heads"]["feed_forward_off"][group]
-
-
-k, n = study.count(lambda r: min(ffn_off("negated")(r), ffn_off("plain")(r)) >= 0.95, where=learned)
-print(f"at least 95% on both groups without the feed-forward network: {k} of {learned_runs} runs that learned")
-fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained")
-plot_runs(ax, study, {"negated": ffn_off("negated"), "plain": ffn_off("plain")}, where=learned,
-          yours={"negated": no_ffn["negated"], "plain": no_ffn["plain"]},
-          title="Held-out accuracy with the feed-forward network switched off")
-plt.show()
-assert k == 54
-
-# %% [markdown]
-# The guess is wrong for most runs: in 54 of the 76 runs that learned, the model still got at
-# least 95% of both groups right without its feed-forward network. Each head writes its report
-# through its own columns of `W_o`, so the two reports arrive at `<cls>` as two separate
-# vectors added up, and in those runs one linear map of that sum (after the normalization) is
-# enough to put "not good" and "not bad" on opposite sides. In the other runs the feed-forward network's
-# correction is part of the solution, and without it some groups fall to chance or below. Where
-# your model's star lies varies by machine.
+# ## 6. Silencing heads, three ways
 #
-# **And the book's relation, "bad" looking at "not"?** In your map of "the movie was not bad"
-# above, find the row of "bad" and its weight on "not". One sentence says little; averaged over
-# all negated held-out sentences, the study found the sentiment word's row giving "not" 12% to
-# 62% of the negation head's attention, and 3% to 45% of the other head's. So the sentiment
-# word does look at "not", partly, in every run. But in this one-layer model that row never
-# reaches the classifier: the relation between the two words is assembled at `<cls>`, from two
-# heads.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (your run's shares)
-word_to_not = attention_shares(model, negated, vocab, query="sentiment word")["not"]
-print("share of the sentiment word's attention on 'not':",
-      ", ".join(f"head {h} {word_to_not[h].item():.0%}" for h in range(H)))
-assert word_to_not.max() >= 0.10  # held in all 76 runs that learned (the lowest: 12%)
-
-# %%
-low, high = study.span(lambda r: r["heads"]["word_to_not"][negation_head_of(r)], where=learned)
-low_other, high_other = study.span(lambda r: r["heads"]["word_to_not"][1 - negation_head_of(r)], where=learned)
-print(f"sentiment word -> 'not': negation head {low:.0%} to {high:.0%}, other head {low_other:.0%} to {high_other:.0%}")
-assert f"{low:.0%} {high:.0%} {low_other:.0%} {high_other:.0%}" == "12% 62% 3% 45%"  # as the text says
-
-# %% [markdown]
-# ## 6. Silencing heads
-#
-# Attention maps show where a head *looks*; they don't prove that the model *uses* what it
-# finds. The direct test is **ablation**: switch a head off and measure what breaks.
-#
-# How to switch head $h$ off: the heads' outputs are concatenated, head $h$ in features
-# `[h·d_k, (h+1)·d_k)`, before $W_o$ mixes them (chapter 03). Set that slice to zero and $W_o$
-# receives nothing from head $h$, while everything else stays as it was.
-# `silence_heads(attention, heads)` (in `mha_lib.heads`, next to `split_heads`; also importable
-# from `mha_lib.sentiment`) does this with a *forward pre-hook* on `W_o`, a function PyTorch
-# calls on `W_o`'s input just before `W_o` runs; the hook is removed when the `with` block
-# ends. No weight changes.
-#
-# First we check it against the computation done by hand with `mha_lib`'s pieces, on any
-# input of the right width:
+# Attention shows where a head *looks*, not that the model *uses* it. The test is **ablation**:
+# replace a head's output and measure what breaks. The heads' outputs are concatenated, head $h$
+# in features `[h·d_k, (h+1)·d_k)`, before $W_o$ mixes them (chapter 03); **zero-ablation** sets
+# that slice to zero. `silence_heads(attention, heads)` (in `mha_lib.heads`) does it with a
+# *forward pre-hook*, a function PyTorch calls on `W_o`'s input just before `W_o` runs, removed
+# when the `with` block ends. It must agree with the computation by hand:
 
 # %%
 attn = model.layers[0].self_attn
@@ -689,142 +600,230 @@ with torch.no_grad():
 print("silence_heads == zeroing the head's slice before W_o by hand")
 
 # %% [markdown]
-# Now the ablation: held-out accuracy with the negation head silenced, the other head, and
-# both, on negated and plain sentences, and in the four groups.
+# But zeros are not "no report": the head never wrote them in training, so the model may read
+# them as a strange report. Two replacements stay on what the model knows
+# (`mha_lib.sentiment.attribution`; at `<cls>`, the one position that reaches the classifier):
+#
+# - **mean-ablation**: the head's mean output over the training sentences, what it says "on
+#   average";
+# - **resample-ablation**: its output on another training sentence drawn at random, a real
+#   report about the wrong sentence.
+#
+# Your model, each head replaced three ways:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the accuracies of your run)
-ablation = {}
-for name, silenced in (("none", []), ("negation head", [negation_head]), ("other head", [other_head]),
-                       ("both heads", [0, 1])):
-    with silence_heads(attn, silenced):
-        row = {"negated": evaluate(model, negated, vocab)["all"], "plain": evaluate(model, plain, vocab)["all"]}
-        row |= {group: evaluate(model, examples, vocab)["all"] for group, examples in groups.items()}
-    ablation[name] = row
-
-print("accuracy when silencing" + "".join(f"{column:>10}" for column in row))
-for name, row in ablation.items():
-    print(f"{name:23}" + "".join(f"{acc:10.0%}" for acc in row.values()))
-print("(+ / -: the sentiment word is positive / negative)")
-assert ablation["other head"]["negated"] <= 0.65  # held in all 76 runs that learned (at most 64%)
+ablation = {}  # {(who, how): {"negated": accuracy, "plain": accuracy}}
+print(f"{'accuracy with ... ablated':33}{'negated':>9}{'plain':>9}")
+for who, head in (("negation", negation_head), ("other", other_head)):
+    for how in ABLATIONS:
+        right = {name: ablated_accuracy(model, examples, vocab, [head], how, train)
+                 for name, examples in (("negated", negated), ("plain", plain))}
+        ablation[who, how] = {name: r.float().mean().item() for name, r in right.items()}
+        print(f"{f'{how}-ablation, {who} head':33}"
+              + "".join(f"{a:9.0%}" for a in ablation[who, how].values()))
+assert ablation["other", "mean"]["negated"] < base["near_chance"]  # as in every run of the study
 
 # %% [markdown]
-# The study says which of these numbers are robust:
+# Over the study (dashed line: near chance):
 
 # %%
-def silenced(who, group):
-    """Accuracy on a group with the negation head or the other head silenced."""
-    return lambda r: r["heads"]["silenced"][f"head {negation_head_of(r) if who == 'negation' else 1 - negation_head_of(r)}"][group]
+def ablated(who, how, group):
+    """A run's held-out accuracy on `group` with its negation or other head ablated `how`."""
+    return lambda run: run["heads"]["ablation"][how][f"head {head_of(run, who)}"][group]
 
 
-fig, ax = plt.subplots(figsize=(10, 3.6), layout="constrained")
-plot_runs(ax, study, {"other head silenced:\nnegated": silenced("other", "negated"),
-                      "other head silenced:\nplain": silenced("other", "plain"),
-                      "negation head silenced:\nnegated": silenced("negation", "negated"),
-                      "negation head silenced:\nplain": silenced("negation", "plain")},
-          where=learned, title="Held-out accuracy with one head silenced, one dot per run that learned",
-          yours={"other head silenced:\nnegated": ablation["other head"]["negated"],
-                 "other head silenced:\nplain": ablation["other head"]["plain"],
-                 "negation head silenced:\nnegated": ablation["negation head"]["negated"],
-                 "negation head silenced:\nplain": ablation["negation head"]["plain"]})
+pairs = [("other", "negated"), ("negation", "plain"), ("negation", "negated")]  # (head, group)
+cases = [(who, how, group) for who, group in pairs for how in ABLATIONS]
+labels = [f"{who} head,\n{how}: {group}" for who, how, group in cases]
+fig, ax = plt.subplots(figsize=(12, 3.6), layout="constrained")
+plot_runs(ax, study, {label: ablated(*case) for label, case in zip(labels, cases)}, where=two_learned,
+          yours={label: ablation[who, how][group] for label, (who, how, group) in zip(labels, cases)},
+          title="Held-out accuracy with one head ablated, one dot per run that learned")
+ax.axhline(base["near_chance"], color="grey", ls="--", lw=1)
+plt.show()
+print(findings_table(study, [f"{how}-ablating the {who} head: {group} near chance"
+                             for who, group in pairs[:2] for how in ABLATIONS]
+                     + ["mean-ablating the negation head: negated not near chance",
+                        "negation head, negated: zero-ablation costs more than mean",
+                        "negation head, negated: resample costs more than mean"]))
+
+# %% [markdown]
+# - **The other head**: mean- or resample-ablated, it leaves negated sentences near chance in
+#   every run that learned (zeroed, in most): the model can no longer tell "not good" from "not
+#   bad". Asserted on your model above.
+# - **The negation head**: without it, plain sentences fall near chance in most runs, by all
+#   three methods, while negated sentences mostly survive: its name says where it looks, not
+#   what it is needed for.
+# - **The methods disagree**: on the negation head and negated sentences, zero and resample
+#   both cost more than mean in most runs. Zeros are a report the head never gives; a resampled
+#   report is about another sentence. Each measures something different: name yours with the
+#   number (Zhang and Nanda, 2024).
+#
+# ## 7. What each head adds to the logit
+#
+# **Direct logit attribution** leaves the model alone and splits its answer. After the layer,
+# `<cls>`'s vector $x$ is a **sum**: its embedding, one term per head (its output through its
+# slice of $W_o$), $W_o$'s bias and the feed-forward output. The classifier reads
+# $\text{LayerNorm}(x)$, whose scale $\sigma$ is the one non-linear step; holding $\sigma$ at
+# its value for the sentence, the logit difference is a sum of one part per term $t$:
+#
+# $$\text{logit}_+ - \text{logit}_- = \sum_{t} w \cdot \frac{\gamma \odot (t - \bar t)}{\sigma} + \text{const}$$
+#
+# with $\bar t$ the mean of $t$'s entries, $w$ the difference of the classifier's two rows,
+# $\gamma, \beta$ the LayerNorm's gain and bias, and const $= w \cdot \beta + b_+ - b_-$
+# (Elhage et al., 2021). *Direct*: what a head does through the feed-forward network counts
+# as the network's. The parts add up to the logit difference exactly:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (your run's attributions)
+with torch.no_grad():
+    logits = model(batch_examples(negated, vocab).to(device)).cpu()  # (N, 2)
+terms = logit_attribution(model, negated, vocab)  # {term: (N,)}
+assert torch.allclose(sum(terms.values()), logits[:, 1] - logits[:, 0], atol=1e-4)
+print("the terms add up to the logit difference")
+toward = {}  # {group: {term: mean push toward the right label}}
+for name, examples in groups.items():
+    sign = torch.tensor([1.0 if e.label else -1.0 for e in examples])  # + pushes toward the right label
+    toward[name] = {term: (value * sign).mean().item()
+                    for term, value in logit_attribution(model, examples, vocab).items()}
+print(f"\n{'toward the right label':24}" + "".join(f"{name:>10}" for name in groups))
+for term in terms:
+    print(f"{term:24}" + "".join(f"{toward[name][term]:10.2f}" for name in groups))
+
+# %% [markdown]
+# Each number is a term's mean push toward the right label, in logits. Over the study:
+
+# %%
+def pushes(term, kind):
+    """A run's mean push toward the right label of a term over "negated" or "plain" sentences."""
+    def value(run):
+        key = "feed-forward" if term == "feed-forward" else f"head {head_of(run, term)}"
+        return sum(run["heads"]["logit_attribution"][kind + sign][key] for sign in "+-") / 2
+    return value
+
+
+def yours_push(term, kind):
+    """The same for your model (from the table above)."""
+    key = {"negation": f"head {negation_head}", "other": f"head {other_head}"}.get(term, term)
+    return (toward[kind + "+"][key] + toward[kind + "-"][key]) / 2
+
+
+cases = [(term, kind) for kind in ("negated", "plain") for term in ("negation", "other", "feed-forward")]
+labels = [f"{term}{'' if term == 'feed-forward' else ' head'}:\n{kind}" for term, kind in cases]
+fig, ax = plt.subplots(figsize=(10, 3.4), layout="constrained")
+plot_runs(ax, study, {label: pushes(*case) for label, case in zip(labels, cases)}, where=two_learned,
+          yours={label: yours_push(*case) for label, case in zip(labels, cases)}, percent=False,
+          chance=False, ylabel="logits toward the right label",
+          title="Direct logit attribution, one dot per run that learned")
+ax.axhline(0, color="grey", lw=1)
+plt.show()
+print(findings_table(study, ["negated: other head's logit term > negation head's",
+                             "feed-forward term toward the right label in every group",
+                             "without the feed-forward network: still learned"]))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (your run's accuracy without its feed-forward network)
+with feed_forward_off(model):
+    no_ffn = evaluate(model, test, vocab)
+print(f"your model without its feed-forward network: "
+      f"negated {no_ffn['negated']:.0%}, plain {no_ffn['plain']:.0%}")
+
+# %% [markdown]
+# In negated sentences, the other head pushes toward the right label more than the negation head
+# in most runs, as the ablations said. The feed-forward term pushes toward it in every group of
+# every run, yet switched off (`feed_forward_off`) most models still learned. Attribution asks
+# what a term contributes, ablation what the model needs.
+#
+# ## 8. How many heads does the task need?
+#
+# The study trained the same model with 1, 2, 4 and 8 heads at `d_model = 48`, so each head has
+# `d_k = 48 / H` features: more heads, each narrower.
+
+
+# %%
+def median_or_dash(values):
+    return f"{median(values):g}" if values else "-"
+
+
+def heads_with_role(run):
+    """How many heads have a role for "not", and how many for the sentiment word (negated)."""
+    role, heads = run["baselines"]["role"], range(run["num_heads"])
+    on_not = sum(share >= role for share in run["heads"]["cls_to_not"])
+    return on_not, sum(on_word(run["heads"]["cls_shares"], h) >= role for h in heads)
+
+
+print(f"{'H':>2} {'d_k':>4} {'learned':>9} {'negated, median':>16} {'heads on not':>13}"
+      f" {'heads on word':>14}")
+for H_ in (1, 2, 4, 8):
+    runs = [r for r in study.runs if independent(r, H_) and "heads" in r]
+    roles_ = [heads_with_role(r) for r in runs if learned(r)]
+    negated_accuracy = median(r["heads"]["accuracy"]["negated"] for r in runs)
+    print(f"{H_:>2} {48 // H_:>4} {sum(map(learned, runs)):>3} of {len(runs):<2} {negated_accuracy:16.0%}"
+          f" {median_or_dash([n for n, _ in roles_]):>13} {median_or_dash([w for _, w in roles_]):>14}")
+print("(heads with a role for 'not' / for the sentiment word: the median over the runs that learned)\n")
+print(findings_table(study, [name for name in FINDINGS if name[0].isdigit()]))
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 3.2), layout="constrained")
+rng = np.random.default_rng(0)
+for x, H_ in enumerate((1, 2, 4, 8)):
+    runs = [r for r in study.runs if independent(r, H_) and "heads" in r]
+    values = [r["heads"]["accuracy"]["negated"] for r in runs]
+    ax.scatter(x + rng.uniform(-0.2, 0.2, len(values)), values, s=14, alpha=0.6, linewidths=0,
+               color=["tab:blue" if learned(r) else "tab:orange" for r in runs])
+ax.axhline(0.5, color="grey", ls=":", lw=1)
+ax.set_xticks(range(4), [f"H = {H_}\nd_k = {48 // H_}" for H_ in (1, 2, 4, 8)])
+ax.set(ylabel="held-out accuracy, negated", ylim=(-0.03, 1.03),
+       title="One dot per independent run (blue: learned; orange: did not)")
+ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
 plt.show()
 
-for who in ("other", "negation"):
-    for group in ("negated", "plain"):
-        low, high = study.span(silenced(who, group), where=learned)
-        print(f"{who} head silenced, {group:7}: {low:4.0%} to {high:4.0%}")
-k_chance = study.count(lambda r: silenced("other", "negated")(r) <= 0.53, where=learned)[0]
-k_more = study.count(lambda r: silenced("other", "negated")(r) < silenced("negation", "negated")(r), where=learned)[0]
-k_plain = study.count(lambda r: silenced("negation", "plain")(r) < silenced("negation", "negated")(r), where=learned)[0]
-
-
-def same_answer(r):
-    """Other head silenced: one of "not good" and "not bad" (nearly) all right, the other all wrong."""
-    good, bad = silenced("other", "negated+")(r), silenced("other", "negated-")(r)
-    return min(good, bad) <= 0.1 and max(good, bad) >= 0.9
-
-
-k_same = study.count(same_answer, where=learned)[0]
-print(f"other head silenced, negated at 53% or less: {k_chance}; costs negated sentences more than "
-      f"silencing the negation head: {k_more}; negation head silenced, plain below negated: {k_plain} "
-      f"(of {learned_runs})")
-print(f"other head silenced: one of 'not good' and 'not bad' at 90% or more, the other at 10% or less: {k_same}")
-assert (k_chance, k_more, k_plain, k_same) == (75, 73, 61, 59)
-
 # %% [markdown]
-# - **Silencing the other head** drops negated sentences to **chance** in every run that
-#   learned: 46% to 64%, and 53% or less in 75 of the 76. Plain sentences mostly survive
-#   (median 100%, lowest 54%). Without the other head, "not good" and "not bad" both reach
-#   `<cls>` as (not, ·): the negation head looks at "not" in both, and nothing tells them
-#   apart any more. In 59 of the 76 runs the model then gave both groups the same answer,
-#   right for one and wrong for the other. This is the robust finding, and the ablation cell
-#   asserts it on your model.
-# - **Silencing the negation head** has a cost that varies from run to run: negated sentences
-#   keep 0% to 100%, plain ones 0% to 100%, and plain sentences lose more than negated ones in
-#   61 of the 76 runs. A silenced head is not "no report": it is a zero vector, which the model
-#   reads as something (often the same as one of the reports it knows).
+# (Orange dots high up: runs whose plain sentences fell short.)
 #
-# So the result is the opposite of a natural guess: **the negation head is not the head that
-# negated sentences depend on most.** Silencing the *other* head cost negated sentences more
-# than silencing the negation head in 73 of the 76 runs, because in a negated sentence the
-# negation head looks at "not" and so carries nothing about the sentiment word. Ablation
-# measures what a head adds *given everything else* the model does. Michel et al. (2019) and
-# Voita et al. (2019) silenced heads of large trained transformers and found both kinds: many
-# heads can go at little cost, while a few specialized ones carry the task.
+# - **One head never learned**, and stayed near chance on negated sentences in most runs,
+#   although it is the widest.
+# - **More heads learned more often**: most runs with two or four, all with eight, with 6
+#   features each. A head whose `d_k` is below the sequence length cannot form every attention
+#   pattern (Bhojanapalli et al., 2020); here that did not stop them.
+# - **Roles spread**: two or more heads look at "not" in some 4-head and most 8-head runs, yet
+#   mean-ablating one head leaves a group near chance in every 2- and 4-head run and most
+#   8-head runs. In large transformers many heads can go (Michel et al., 2019; Voita et al.,
+#   2019); here, at least one cannot.
 #
-# ## 7. What held, and what didn't
+# ## 9. What held, and what didn't
 #
-# The library holds the findings that held in every run of the study as code
-# (`mha_lib.sentiment.study.FINDINGS`; its tests train fresh seeds and check them too). Counted
-# over the runs, per kernel path:
+# Every finding of this chapter in one table. The wording is what the text says; the cell fails
+# if a re-run study stops supporting it (`STATED` in `mha_lib.sentiment.study`). The course's
+# tests also train two seeds outside the study, chosen in advance, and check the "all" findings.
 
 # %%
-for name in FINDINGS:
-    counts = [study.count(lambda r, name=name: check_findings(r).get(name, False), path)[0] for path in study.paths]
-    applicable = [sum(name in check_findings(r) for r in study.runs if r["path"] == path) for path in study.paths]
-    print(f"{name:45}" + "  ".join(f"{path} {k}/{n}" for path, k, n in zip(study.paths, counts, applicable)))
-    assert counts == applicable  # each held in every run it applies to
+print(findings_table(study))
 
 # %% [markdown]
-# (The chapter 07 findings apply to the runs that learned; the last one belongs to chapter 11.)
-#
-# - **Robust**, in every run that learned, on every kernel path: a negation head (which head is
-#   chance); the other head brings the sentiment word to `<cls>` in negated sentences; silencing
-#   the other head leaves negated sentences at chance; the sentiment word's own row gives "not"
-#   some attention (12% to 62% in the negation head).
-# - **Usually, not always**: silencing the other head costs negated sentences more than
-#   silencing the negation head (73 of 76); plain sentences suffer more than negated ones when
-#   the negation head goes (61 of 76); the model still works without its feed-forward network
-#   (54 of 76); plain sentences are learned no later than negated ones (77 of 90).
-# - **An accident of the run**: which head becomes the negation head, which polarity the other
-#   head looks for, how much the two heads overlap, and whether a given seed learns at all on a
-#   given CPU (seeds 7 and 12).
-#
-# So the heads do specialize, if less cleanly than detectives, and only the measurements over
-# many runs say which part of the specialization is a property of the model and which is
-# chance. One run, or one attention map, would not have told them apart.
+# Chance decides which head becomes the negation head, which negated group the other head
+# brings the word in, and, in a few seeds, whether a run learns on a given CPU. The heads do
+# specialize, less cleanly than detectives; only counts over independent runs, against
+# thresholds fixed in advance, tell the model from the accident.
 
 # %% [markdown]
 # ## Recap
 #
-# - An **encoder layer** is self-attention followed by a position-wise feed-forward network,
-#   each wrapped in a residual connection, dropout and layer normalization. `mha_lib.EncoderLayer`
-#   is **pre-norm**, `x + Dropout(Sublayer(LayerNorm(x)))`: it trains stably without warm-up, and
-#   it equals `nn.TransformerEncoderLayer(norm_first=True)` with the same weights.
+# - An **encoder layer** is self-attention and a position-wise feed-forward network, each with
+#   a residual connection, dropout and layer normalization; `mha_lib.EncoderLayer` is
+#   **pre-norm** and equals `nn.TransformerEncoderLayer(norm_first=True)`.
 # - Shapes: `(B, L, d_model)` in and out; attention weights `(B, H, L, L)`.
-# - A generated task with negations needs a model that relates two words: a two-head, one-layer
-#   classifier learned it in seconds in 76 of 90 runs (at least 95% on negated and on plain
-#   sentences).
-# - A **negation head** appears in every run that learned, and the **other head** brings the
-#   sentiment word; each head reports *where* it found a clue, and the classifier reads the sum
-#   of the reports at `<cls>` (in most runs without needing the feed-forward network).
-# - **Ablation** (zero a head's slice before $W_o$) tests use, not just attention. Negated
-#   sentences depend most on the head that does *not* track negation, and a silenced head is
-#   itself a signal the model reads.
-# - A training run differs by seed and by machine. Claims about a trained model come from many
-#   runs (here 30 seeds × 3 CPU kernel paths), with counts and ranges, and are asserted on the
-#   model you train; what one run shows is said to be about that run.
+# - A claim about trained models is a count over **independent runs**, against thresholds
+#   derived in advance from baselines (chance, uniform attention, an untrained model).
+# - Two heads: a **negation head** and a head that brings the sentiment word, in most runs.
+# - **Zero-, mean- and resample-ablation** can disagree: report which you used. **Direct logit
+#   attribution** splits the logit difference into terms (embedding, each head, `W_o`'s bias,
+#   feed-forward), the LayerNorm scale frozen.
+# - One wide head never learned this task; eight narrow ones always did.
 #
 # ## Exercises
 #
@@ -833,10 +832,6 @@ for name in FINDINGS:
 #
 # ## What comes next
 #
-# This model had one layer, so each head worked alone. **Chapter 08** stacks two layers of
-# attention and trains them in seconds to continue a repeated sequence: a head of the second layer
-# finds the earlier copy of the current token and reads what came next (an *induction head*), and
-# it can do so only with what a head of the first layer wrote. Heads that compose across layers
-# are why transformers stack attention at all. Later, **chapter 09** makes attention fast, and
-# the last chapter returns to this chapter's model and *restricts* its heads: head 0 may only look
-# at the first half of the sentence and head 1 at the second, the blog post's "Try it yourself".
+# Here each head worked alone. In **chapter 08** heads of two layers compose: a second-layer
+# *induction head* needs what a first-layer head wrote. Chapter 09 makes attention fast; the
+# last chapter restricts this chapter's heads to half of the sentence each.
