@@ -1,13 +1,20 @@
-# The course's commands. `make help` lists them.
+# The course's commands. `make help` lists them (every target; tests/test_workflows.py checks).
 #
 #   make lab             set up .venv (first time only) and start JupyterLab on the course
 #   make exercise N=01   copy exercise 01 into workspace/ (never overwrites your copy)
 #   make progress        run your notebooks in workspace/ and show which exercises pass
 #   make book            build the course as a web book in build/book/ (from the committed notebooks)
+#   make help            this list
+#
+#   For maintainers:
+#   make setup           set up .venv with everything: what a learner needs, and the tests' and the book's tools
 #   make test            set up .venv, then run the whole suite (what CI runs)
+#   make test-lib        only tests/ (no notebook under nbval)
+#   make test-notebooks  only the notebooks under nbval (chapters/, exercises/, solutions/)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
-#   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it (maintainers)
-#   make study           re-train the seed studies that chapters 07, 08 and 11 quote (~35 min, maintainers)
+#   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it
+#   make study           re-train the seed studies that chapters 07, 08 and 11 quote (~35 min)
+#   make clean           delete .venv, build/, *.egg-info and .pytest_cache
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -65,16 +72,17 @@ lab: $(STAMP) $(LAB_OVERRIDES)
 	  --ServerApp.root_dir=$(CURDIR) \
 	  --LabApp.default_url=/lab/tree/README.md
 
-# `python -m mha_lib start` exits 3 when you already have a copy: make reports that (your
-# work is kept) and succeeds; an unknown N still fails.
+# The learner's commands are the package mha_course (apart from mha_lib, so that they never
+# import PyTorch and answer at once). `start` exits 3 when you already have a copy: make
+# reports that (your work is kept) and succeeds; an unknown N still fails.
 exercise: $(STAMP)
 	@test -n "$(N)" || { echo "usage: make exercise N=01"; exit 2; }
-	@$(PY) -m mha_lib start $(N) || [ $$? -eq 3 ]
+	@$(PY) -m mha_course start $(N) || [ $$? -eq 3 ]
 
 # Runs a copy of each of your notebooks in workspace/ (never modifies them); `make progress
 # N=03` for one chapter, PROGRESS_TIMEOUT=300 for slow machines (seconds per notebook).
 progress: $(STAMP)
-	@$(PY) -m mha_lib progress $(N) $(if $(PROGRESS_TIMEOUT),--timeout $(PROGRESS_TIMEOUT))
+	@$(PY) -m mha_course progress $(N) $(if $(PROGRESS_TIMEOUT),--timeout $(PROGRESS_TIMEOUT))
 
 # The web book, from the notebooks as committed (no execution): build/book/index.html.
 book: $(DEV_STAMP)

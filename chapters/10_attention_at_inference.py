@@ -53,8 +53,7 @@ import torch.nn.functional as F
 
 from mha_lib import (KVCache, MultiHeadAttention, causal_mask, combine_heads, get_device, kv_cache_bytes, plot_attention,
                      repeat_kv, seed_everything, sliding_window_mask, split_heads)
-from mha_lib import decode_bench
-from mha_lib.efficient import SDPA_HAS_GQA  # whether this PyTorch's F.scaled_dot_product_attention has enable_gqa
+from mha_lib.bench.decode import decode_benchmark, format_result
 
 device = get_device()
 seed_everything(0)
@@ -148,7 +147,7 @@ for rotary in (False, True):
     print(f"rotary={rotary!s:5}: a chunk of 6, then 4 single tokens == one causal forward (within 1e-5):", same)
 
 # %% [markdown]
-# How much faster? `mha_lib.decode_bench` times both ways on one layer of the book's size
+# How much faster? `mha_lib.bench.decode` times both ways on one layer of the book's size
 # (`d_model = 512`, 8 heads, batch 1; chapter 09's `EfficientMultiHeadAttention`, which takes
 # `cache=` too) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
@@ -165,8 +164,8 @@ for rotary in (False, True):
 # NBVAL_IGNORE_OUTPUT
 # (timings vary from run to run and machine to machine; the asserts hold everywhere: the two ways agree,
 # and even at 48 tokens the cache is faster)
-result = decode_bench.decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
-print(decode_bench.format_result(result))
+result = decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
+print(format_result(result))
 assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
 
 # %% [markdown]
@@ -260,16 +259,13 @@ print("weights:", tuple(w_gqa.shape), " (B, H, Lq, Lk): still one map per query 
 # %% [markdown]
 # And it is the grouping PyTorch itself uses: the same projections, then
 # `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` with 8 query heads and 2 key/value
-# heads (PyTorch 2.5 and later; on an older one, `repeat_kv` first), give the module's output.
+# heads (PyTorch 2.5 and later, which the course requires), give the module's output.
 
 # %%
 with torch.no_grad():
     q_h = split_heads(gqa.W_q(x), H)  # (B, 8, L, d_k)
     k_h, v_h = split_heads(gqa.W_k(x), 2), split_heads(gqa.W_v(x), 2)  # (B, 2, L, d_k) each
-    if SDPA_HAS_GQA:
-        heads = F.scaled_dot_product_attention(q_h, k_h, v_h, enable_gqa=True)  # (B, 8, L, d_k)
-    else:
-        heads = F.scaled_dot_product_attention(q_h, repeat_kv(k_h, n_rep), repeat_kv(v_h, n_rep))
+    heads = F.scaled_dot_product_attention(q_h, k_h, v_h, enable_gqa=True)  # (B, 8, L, d_k)
     pytorch_gqa = gqa.W_o(combine_heads(heads))  # (B, L, d_model)
 assert torch.allclose(pytorch_gqa, out_gqa, atol=1e-5)
 print("q:", tuple(q_h.shape), " k, v:", tuple(k_h.shape), " ->", tuple(pytorch_gqa.shape))

@@ -1,19 +1,21 @@
 """Headless Chromium for the browser tests (test_browser.py: JupyterLab; test_book.py: the web book).
 
-They use Debian's ``chromium`` package (``apt-get install chromium``) at ``/usr/bin/chromium``,
-or the browser named by ``MHA_CHROMIUM``, driven by Playwright's Python package
-(requirements-dev.txt); Playwright's own browser download is never used. Without either,
-the tests skip, saying why, unless ``MHA_REQUIRE_BROWSER=1`` (set by CI), where they fail.
+They use the browser named by ``MHA_CHROMIUM``, else ``chromium`` on PATH (Debian's package,
+``apt-get install chromium``, puts it at ``/usr/bin/chromium``), driven by Playwright's Python
+package (requirements-dev.txt); Playwright's own browser download is never used. ``.ci/run``
+looks for it the same way and installs Debian's package when there is none. Without a
+browser the tests skip, saying why, unless ``MHA_REQUIRE_BROWSER=1`` (set by CI), where they fail.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path(os.environ.get("MHA_CHROMIUM") or "/usr/bin/chromium")
+CHROMIUM = Path(os.environ.get("MHA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 # --no-sandbox (added for root): Chromium's sandbox refuses to run as root (and inside most
 # containers). --disable-background-networking and the rest: no request leaves the machine
 # except the pages under test.
@@ -39,8 +41,8 @@ def sync_playwright():
     except ImportError:
         missing("Playwright's Python package is not installed (pip install -r requirements-dev.txt)")
     if not (CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK)):
-        missing(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium) "
-                "or set MHA_CHROMIUM to a Chromium binary")
+        missing(f"no Chromium at {CHROMIUM} (MHA_CHROMIUM, else chromium on PATH): install Debian's package "
+                "(apt-get install chromium) or set MHA_CHROMIUM to a Chromium binary")
     return sync_playwright
 
 

@@ -59,7 +59,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
         (["--repeats", "-1"], "expected a positive integer, got -1"),
         (["--warmup", "0"], "expected a positive integer, got 0"),
         (["--d-model", "10", "--heads", "4"], "--d-model 10 is not divisible by --heads 4"),
-        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--device", "tpu"], "--device='tpu' is not a device the course knows"),
         (["--dtype", "int8"], "invalid choice: 'int8'"),
         (["--mask", "square"], "invalid choice: 'square'"),
         (["--dropout", "1"], "expected a number in [0, 1), got 1.0"),

@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lib import workspace
-from mha_lib.__main__ import main as cli
+from mha_course import workspace
+from mha_course.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -168,6 +168,6 @@ def test_list_and_unknown_exercise(course, capsys):
 def test_course_root_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MHA_COURSE_ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(workspace, "__file__", str(tmp_path / "mha_lib" / "workspace.py"))
+    monkeypatch.setattr(workspace, "__file__", str(tmp_path / "mha_course" / "workspace.py"))
     with pytest.raises(workspace.WorkspaceError, match="can't find the course's exercises/ folder"):
         workspace.course_root()

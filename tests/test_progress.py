@@ -1,4 +1,4 @@
-"""``make progress`` / ``python -m mha_lib progress``: the learner's table of exercises.
+"""``make progress`` / ``python -m mha_course progress``: the learner's table of exercises.
 
 Without a kernel: the exercises are read from the course's generated notebooks (each check
 under its heading), the table's layout, a notebook that is not valid JSON, exercises not
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from mha_lib import checks, progress
-from mha_lib.progress import Exercise, Report, Row
+from mha_course import progress
+from mha_course.progress import Exercise, Report, Row
+from mha_lib import checks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +158,7 @@ def test_a_workspace_through_the_command_line(tmp_path):
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in ws.iterdir()}
 
     env = dict(os.environ, MHA_COURSE_ROOT=str(root))
-    result = subprocess.run([sys.executable, "-m", "mha_lib", "progress", "--timeout", "120"], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "mha_course", "progress", "--timeout", "120"], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -220,13 +221,13 @@ def test_a_notebook_that_hangs_is_stopped_and_the_rest_is_reported(tmp_path):
 # ------------------------------------------------------------- verdicts (issue 22)
 
 def _outcome(*records):
-    from mha_lib.progress.runner import _Outcome
+    from mha_course.progress.runner import _Outcome
 
     return _Outcome(records=[dict(check=c, status=s, message=m) for c, s, m in records], check_cells=1)
 
 
 def test_the_last_run_of_a_check_is_its_verdict():
-    from mha_lib.progress.runner import _verdict
+    from mha_course.progress.runner import _verdict
 
     exercise = Exercise("03_x", "3.2", "Split", ("check_split_heads",))
     fixed = _outcome(("split into heads", "failed", "wrong values"), ("split into heads", "passed", "correct"))
@@ -238,7 +239,7 @@ def test_the_last_run_of_a_check_is_its_verdict():
 
 
 def test_a_check_waiting_on_an_earlier_exercise_says_which():
-    from mha_lib.progress.runner import _definitions, _verdict
+    from mha_course.progress.runner import _definitions, _verdict
 
     first = Exercise("11_x", "11.1", "Halves", ("check_halves_mask",))
     second = Exercise("11_x", "11.2", "Restricted", ("check_restricted_attention",))

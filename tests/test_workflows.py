@@ -142,9 +142,13 @@ def test_cpu_job_runs_make_test_on_two_pythons_with_the_browser():
     assert [".ci/run"] in [c.argv for c in job_commands(job)]
     ci_run = commands((ROOT / ".ci" / "run").read_text())
     assert ["make", "test"] in [c.argv for c in ci_run], ".ci/run must run `make test`"
-    apt = [options(c.argv[2:], set()) for c in ci_run if c.argv[:2] == ["apt-get", "install"]]
+    apt = [options(c.argv[i + 2:], set()) for c in ci_run for i in range(len(c.argv) - 1)
+           if c.argv[i:i + 2] == ["apt-get", "install"]]
     assert any("chromium" in packages for _, packages in apt), ".ci/run must install Debian's chromium"
     assert all({"-y", "--yes", "--assume-yes"} & set(flags) for flags, _ in apt), "apt-get must not ask"
+    assert all(c.argv[0] == "as_root" for c in ci_run if {"update", "install"} & set(c.argv) and "apt-get" in c.argv), (
+        "apt-get runs through as_root: directly as root, with sudo otherwise"
+    )
     pythons = [str(p) for p in job["strategy"]["matrix"]["python"]]
     assert "3.11" in pythons
     oldest = re.search(r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text()).group(1)
@@ -236,3 +240,72 @@ def test_make_test_gpu_runs_tests_and_lax_notebooks_on_the_device(device: str | 
     assert any("get_device()" in line and line.startswith(f"MHA_DEVICE={expected} ") for line in lines), (
         "make test-gpu must first check that the device exists"
     )
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_help_lists_every_target():
+    makefile = (ROOT / "Makefile").read_text()
+    (phony,) = re.findall(r"^\.PHONY:(.*)$", makefile, flags=re.MULTILINE)
+    rules = set(re.findall(r"^([a-z][\w-]*):(?!=)", makefile, flags=re.MULTILINE))
+    assert set(phony.split()) == rules, "every rule is .PHONY and every .PHONY name a rule"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    shown = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, check=True).stdout
+    listed = {line.split()[1] for line in shown.splitlines() if line.startswith("make ")}
+    assert listed == rules, f"make help misses {sorted(rules - listed)}, or lists what isn't a target {sorted(listed - rules)}"
+
+
+FAKES = {  # stand-ins that .ci/run finds on PATH; each writes what it was asked to do to $LOG
+    "make": 'echo "make $* MHA_CHROMIUM=$MHA_CHROMIUM MHA_REQUIRE_BROWSER=$MHA_REQUIRE_BROWSER" >> "$LOG"',
+    "sudo": 'echo "sudo $*" >> "$LOG"; exec "$@"',
+    "apt-get": 'echo "apt-get $*" >> "$LOG"\n'
+               'if [ "$1" = install ]; then printf "#!/bin/sh\\n" > "$BIN/chromium"; chmod +x "$BIN/chromium"; fi',
+}
+
+
+def run_ci(tmp_path: Path, uid: int, have: set[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """.ci/run with a PATH of its own: the real bash, env, dirname and chmod, `id -u` saying ``uid``, and
+    the fakes in ``have`` (``chromium`` too, an empty script): nothing is installed, no test runs."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(parents=True)
+    for tool in ("bash", "env", "dirname", "chmod"):
+        (bin_ / tool).symlink_to(shutil.which(tool))
+    scripts = {**FAKES, "id": f"echo {uid}", "chromium": ""}
+    for name in have | {"make", "id"}:
+        (bin_ / name).write_text(f"#!/bin/sh\n{scripts[name]}\n")
+        (bin_ / name).chmod(0o755)
+    log = tmp_path / "log"
+    log.touch()
+    base = {"PATH": str(bin_), "LOG": str(log), "BIN": str(bin_), "HOME": str(tmp_path)}
+    result = subprocess.run([str(bin_ / "bash"), str(ROOT / ".ci" / "run")], env={**base, **(env or {})},
+                            capture_output=True, text=True, timeout=60)
+    return result, log.read_text().splitlines()
+
+
+@pytest.mark.skipif(not all(map(shutil.which, ("bash", "env", "dirname", "chmod"))), reason="needs bash and coreutils")
+def test_ci_run_finds_chromium_and_installs_it_only_when_missing(tmp_path):
+    def make_test(case: str) -> str:  # what the fake make logs: the tests run with this case's chromium
+        return f"make test MHA_CHROMIUM={tmp_path / case / 'bin' / 'chromium'} MHA_REQUIRE_BROWSER=1"
+
+    # A maintainer who is not root, with Chromium on PATH: nothing to install, no sudo.
+    result, log = run_ci(tmp_path / "on-path", 1000, {"chromium", "sudo", "apt-get"})
+    assert result.returncode == 0 and log == [make_test("on-path")], result.stderr
+    # Not root and no Chromium: installed through sudo, then the tests use it.
+    result, log = run_ci(tmp_path / "sudo", 1000, {"sudo", "apt-get"})
+    assert result.returncode == 0, result.stderr
+    assert log == ["sudo apt-get update -qq", "apt-get update -qq",
+                   "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+                   "apt-get install -y -qq chromium", make_test("sudo")]
+    # Root (CI's containers): apt-get directly.
+    result, log = run_ci(tmp_path / "root", 0, {"apt-get"})
+    assert result.returncode == 0, result.stderr
+    assert log == ["apt-get update -qq", "apt-get install -y -qq chromium", make_test("root")]
+    # Not root, no sudo: a message that says what to do, and no test run.
+    result, log = run_ci(tmp_path / "no-sudo", 1000, {"apt-get"})
+    assert result.returncode == 1 and log == [], result.stderr
+    assert ".ci/run: no Chromium on PATH; not root and no sudo: install it" in result.stderr
+    assert "set MHA_CHROMIUM to a Chromium binary" in result.stderr
+    # MHA_CHROMIUM names the browser, and must be one.
+    result, log = run_ci(tmp_path / "named", 1000, set(), env={"MHA_CHROMIUM": "/no/such/chromium"})
+    assert result.returncode == 1 and log == [], result.stderr
+    assert ".ci/run: MHA_CHROMIUM=/no/such/chromium is not an executable file" in result.stderr

@@ -1,6 +1,6 @@
 """``make exercise N=NN``: a quick copy, a clean refusal, and a notebook Jupyter would write.
 
-(``tests/test_exercises.py`` covers ``python -m mha_lib start/list`` themselves.)
+(``tests/test_exercises.py`` covers ``python -m mha_course start/list`` themselves.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mha_lib import workspace
+from mha_course import workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

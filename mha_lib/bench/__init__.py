@@ -5,6 +5,7 @@
     python -m mha_lib.bench --batch 32 --lengths 100 --repeats 15   # the book's configuration
     python -m mha_lib.bench --mask per-head       # with a per-head (H, L, L) mask
     python -m mha_lib.bench --plot bench.png      # also draw time and memory against length
+    python -m mha_lib.bench decode                # chapter 10: decoding with a KV cache (decode --help)
 
 The variants, all self-attention with the same weights (:mod:`mha_lib.bench.steps`):
 
@@ -37,11 +38,16 @@ like ``L²`` as well (tests/test_bench.py measures it).
 Variants whose ``(B, H, L, L)`` weights would not fit in the free memory (estimated) are
 skipped at that length and marked "skip". The command line is :mod:`mha_lib.bench.cli`, the
 table :mod:`mha_lib.bench.run`, the plot :mod:`mha_lib.bench.plots`.
+
+**Decoding** (:mod:`mha_lib.bench.decode`, chapter 10; ``python -m mha_lib.bench decode``): one
+layer decodes token by token with a :class:`~mha_lib.KVCache` against recomputing the prefix at
+every step, and the cache's bytes with fewer key/value heads (GQA).
 """
 
 from __future__ import annotations
 
 from .cli import build_parser, main
+from .decode import DecodeResult, decode_benchmark, format_result
 from .memory import cpu_memory_supported, free_memory, peak_memories, peak_memory
 from .plots import STYLES, plot_results
 from .run import DEFAULT_LENGTHS, EXPLICIT_COPIES, QUICK_LENGTHS, Result, format_table, run_benchmark
@@ -59,10 +65,13 @@ __all__ = [
     "QUICK_LENGTHS",
     "STYLES",
     "VARIANTS",
+    "DecodeResult",
     "Result",
     "Step",
     "build_parser",
     "cpu_memory_supported",
+    "decode_benchmark",
+    "format_result",
     "format_table",
     "free_memory",
     "main",

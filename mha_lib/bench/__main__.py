@@ -1,15 +1,15 @@
 """``python -m mha_lib.bench``: see :mod:`mha_lib.bench.cli`.
 
 ``python -m mha_lib.bench decode ...`` runs the decoding benchmark of chapter 10 instead
-(:mod:`mha_lib.decode_bench`: a KV cache against recomputing the prefix; ``decode --help``).
+(:mod:`mha_lib.bench.decode`: a KV cache against recomputing the prefix; ``decode --help``).
 """
 
 import sys
 
 if sys.argv[1:2] == ["decode"]:
-    from ..decode_bench import main as decode_main
+    from .decode import main
 
-    sys.exit(decode_main(sys.argv[2:]))
+    sys.exit(main(sys.argv[2:]))
 
 from .cli import main
 

@@ -9,16 +9,17 @@ from collections.abc import Sequence
 
 import torch
 
-from ..device import get_device
+from ..device import get_device, parse_device
 from .memory import cpu_memory_supported
 from .plots import plot_results
 from .run import DEFAULT_LENGTHS, QUICK_LENGTHS, format_table, run_benchmark
 from .steps import BASELINE, DTYPES, MASKS, MODES, VARIANTS
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "positive_int"]
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (both benchmarks' sizes and counts)."""
     try:
         value = int(text)
     except ValueError:
@@ -32,16 +33,9 @@ def _device(text: str) -> torch.device | str:
     if text == "auto":
         return text  # main() asks get_device(), and reports its message if MHA_DEVICE is wrong
     try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"device {text!r}: CUDA is not available on this machine")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"device {text!r}: MPS is not available on this machine")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise argparse.ArgumentTypeError(f"unsupported device {text!r}; use auto, cpu, cuda, cuda:N or mps")
-    return device
+        return parse_device(text, "--device")
+    except (ValueError, RuntimeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _dropout(text: str) -> float:
@@ -65,18 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default="auto",
                         help="auto (mha_lib.get_device(), MHA_DEVICE overrides it), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="batch size B (default 1)")
-    parser.add_argument("--d-model", type=_positive_int, default=512, help="model width (default 512)")
-    parser.add_argument("--heads", type=_positive_int, default=8, help="number of heads H (default 8)")
-    parser.add_argument("--lengths", type=_positive_int, nargs="+", metavar="L",
+    parser.add_argument("--batch", type=positive_int, default=1, help="batch size B (default 1)")
+    parser.add_argument("--d-model", type=positive_int, default=512, help="model width (default 512)")
+    parser.add_argument("--heads", type=positive_int, default=8, help="number of heads H (default 8)")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", metavar="L",
                         help=f"sequence lengths (default {' '.join(map(str, DEFAULT_LENGTHS))}; "
                         f"with --quick {' '.join(map(str, QUICK_LENGTHS))})")
     parser.add_argument("--mask", choices=list(MASKS), default="none",
                         help="; ".join(f"{k}: {v}" for k, v in MASKS.items()) + " (default none)")
     parser.add_argument("--dropout", type=_dropout, default=0.0,
                         help="dropout on the attention weights, in training steps only (default 0)")
-    parser.add_argument("--repeats", type=_positive_int, help="timed repetitions per variant (default 5; --quick 3)")
-    parser.add_argument("--warmup", type=_positive_int, default=1, help="untimed calls per variant first (default 1)")
+    parser.add_argument("--repeats", type=positive_int, help="timed repetitions per variant (default 5; --quick 3)")
+    parser.add_argument("--warmup", type=positive_int, default=1, help="untimed calls per variant first (default 1)")
     parser.add_argument("--min-time", type=float, help="seconds one measurement lasts at least (default 0.1; --quick 0.02)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))

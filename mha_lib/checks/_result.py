@@ -225,7 +225,7 @@ def run_check(name: str, body: Callable[[], str]) -> CheckResult:
 def log_result(result: CheckResult) -> None:
     """Append the result as one JSON line to the file named by ``$MHA_CHECK_LOG``, if set.
 
-    ``python -m mha_lib progress`` runs a learner's notebook with this variable set and
+    ``make progress`` (:mod:`mha_course.progress`) runs a learner's notebook with this variable set and
     reads the lines back: ``{"check", "status", "message", "hint"}``, one per check call.
     """
     path = os.environ.get(CHECK_LOG)

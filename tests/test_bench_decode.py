@@ -1,13 +1,15 @@
-"""The decode benchmark's structure on tiny sizes (its timings are measured, not tested)."""
+"""``python -m mha_lib.bench decode`` (:mod:`mha_lib.bench.decode`) on tiny sizes; its timings are measured, not tested."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
 from mha_lib import kv_cache_bytes
-from mha_lib.decode_bench import DecodeResult, decode_benchmark, format_result, main
+from mha_lib.bench.decode import DecodeResult, decode_benchmark, format_result, main
 
 
 def test_decode_benchmark_returns_its_numbers():
@@ -32,7 +34,7 @@ def test_the_book_configuration_holds_a_quarter_with_two_kv_heads():
 def test_kv_cache_bytes_arithmetic():
     assert kv_cache_bytes(32, 32, 128, 4096) == 2 * 2**30  # LLaMA-2-7B-like, float16: 2 GiB
     assert kv_cache_bytes(32, 8, 128, 4096) == 2**30 // 2  # with 8 key/value heads, a quarter
-    with pytest.raises(ValueError, match="non-negative ints"):
+    with pytest.raises(ValueError, match="seq_len"):  # the message names the argument
         kv_cache_bytes(32, 8, 128, -1)
 
 
@@ -56,3 +58,11 @@ def test_format_result_names_every_number():
     text = format_result(result)
     assert "2000.0 ms" in text and "100.0 ms" in text and "(20.0x faster)" in text and "(1 thread)" in text
     assert "1,048,576 bytes" in text and "262,144 bytes" in text and "(0.25 of it)" in text
+
+
+def test_python_m_mha_lib_bench_decode_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "mha_lib.bench", "decode", "--tokens", "0"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "usage: python -m mha_lib.bench decode" in result.stderr
+    assert "argument --tokens: expected a positive integer, got 0" in result.stderr

@@ -1,4 +1,4 @@
-"""How far you are: ``make progress`` (or ``python -m mha_lib progress``).
+"""How far you are: ``make progress`` (or ``python -m mha_course progress``).
 
 For every exercise notebook you have in ``workspace/``, run a copy of it in a fresh kernel
 (yours is never modified), collect what each check said, and print one line per
@@ -17,17 +17,17 @@ each ``### Exercise N.M · Title`` heading and the check called under it (``chec
 Each of your notebooks runs top to bottom (up to its last check) with ``nbclient``, errors
 allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file: every
 check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
-(:func:`mha_lib.checks._core.log_result`). The last run of each check is its verdict (a failed
+(:func:`mha_lib.checks._result.log_result`). The last run of each check is its verdict (a failed
 attempt above a fixed one no longer counts), and an exercise whose code calls the stub of an
 earlier one says so: "⏳ waits for exercise 11.1: halves_mask is not implemented yet". A notebook
 that raises, runs past the limit, or can't be read (half-edited JSON) gives a line in the table,
 never a traceback.
 
-The package, by job: :mod:`~mha_lib.progress.exercises` reads the table of exercises from
-``exercises/``, :mod:`~mha_lib.progress.runner` runs one notebook and collects its checks'
-results, :mod:`~mha_lib.progress.results` holds the statuses and the rows, and
-:mod:`~mha_lib.progress.table` prints the table (the command line). It imports neither PyTorch
-nor nbclient until a notebook runs, so ``python -m mha_lib progress --help`` answers at once.
+The package, by job: :mod:`~mha_course.progress.exercises` reads the table of exercises from
+``exercises/``, :mod:`~mha_course.progress.runner` runs one notebook and collects its checks'
+results, :mod:`~mha_course.progress.results` holds the statuses and the rows, and
+:mod:`~mha_course.progress.table` prints the table (the command line). It imports neither PyTorch
+nor nbclient until a notebook runs, so ``python -m mha_course progress --help`` answers at once.
 """
 
 from __future__ import annotations

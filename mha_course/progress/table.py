@@ -1,6 +1,6 @@
-"""The table of :mod:`mha_lib.progress` as text, and the ``python -m mha_lib progress`` command.
+"""The table of :mod:`mha_course.progress` as text, and the ``python -m mha_course progress`` command.
 
-``python -m mha_lib`` parses the command line (:mod:`mha_lib.__main__`) and calls :func:`main`.
+``python -m mha_course`` parses the command line (:mod:`mha_course.__main__`) and calls :func:`main`.
 """
 
 from __future__ import annotations

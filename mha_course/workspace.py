@@ -1,8 +1,8 @@
 """Your own copies of the exercises, which ``git pull`` never touches.
 
-    python -m mha_lib start 01     # copy exercises/01_*.ipynb to workspace/, once
-    python -m mha_lib list         # the exercises, and which ones you have started
-    python -m mha_lib progress     # which of them pass (mha_lib.progress)
+    python -m mha_course start 01     # copy exercises/01_*.ipynb to workspace/, once
+    python -m mha_course list         # the exercises, and which ones you have started
+    python -m mha_course progress     # which of them pass (mha_course.progress)
 
 ``workspace/`` is ignored by git: updates to the course change ``exercises/`` and
 ``solutions/``, never your copies. A copy that exists is never overwritten.
@@ -19,9 +19,9 @@ __all__ = ["AlreadyStarted", "WorkspaceError", "course_root", "find_exercise", "
 WORKSPACE_README = """# Your workspace
 
 Your own copies of the exercises live here. Git ignores this folder, so `git pull` never
-changes it: update the course freely. Start an exercise with `python -m mha_lib start NN`
+changes it: update the course freely. Start an exercise with `python -m mha_course start NN`
 (or `make exercise N=NN`); it refuses to overwrite a copy you already have.
-`make progress` (or `python -m mha_lib progress`) runs a copy of each of your notebooks and
+`make progress` (or `python -m mha_course progress`) runs a copy of each of your notebooks and
 shows which exercises pass; it never modifies them.
 """
 # Keep the copies as plain notebooks: no paired .py files in the workspace.
@@ -37,7 +37,7 @@ class AlreadyStarted(WorkspaceError):
 
 
 def course_root() -> Path:
-    """The course repository: ``MHA_COURSE_ROOT``, else the checkout mha_lib lives in, else the cwd."""
+    """The course repository: ``MHA_COURSE_ROOT``, else the checkout mha_course lives in, else the cwd."""
     candidates = [os.environ.get("MHA_COURSE_ROOT"), Path(__file__).resolve().parent.parent, Path.cwd()]
     for candidate in candidates:
         if candidate and (Path(candidate) / "exercises").is_dir():

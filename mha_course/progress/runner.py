@@ -3,7 +3,7 @@
 A copy of each notebook in ``workspace/`` (the file is never written) runs top to bottom, up to
 its last check, with ``nbclient``: errors allowed, within a time limit, and with
 ``MHA_CHECK_LOG`` naming a temporary file to which every check call appends one JSON line
-(:func:`mha_lib.checks._core.log_result`). Each cell is assigned to an exercise, and each
+(:func:`mha_lib.checks._result.log_result`). Each cell is assigned to an exercise, and each
 exercise gets a verdict from its cells' check results and errors. PyTorch runs only in the
 kernels; nbformat and nbclient are imported only when a notebook is read or run.
 """
@@ -99,7 +99,7 @@ def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeo
                    if cell.cell_type == "code" and check_calls(cell.source)]
     if not check_cells:
         return None
-    quiet = logging.getLogger("mha_lib.progress.nbclient")  # nbclient logs timeouts as errors
+    quiet = logging.getLogger("mha_course.progress.nbclient")  # nbclient logs timeouts as errors
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
     started: set[str] = set()  # exercises at least one of whose cells ran

@@ -3,7 +3,6 @@
     python -m mha_lib.bench decode                  # 256 tokens, d_model 512, 8 heads, batch 1, CPU
     python -m mha_lib.bench decode --tokens 64 --repeats 1   # a quick run
     python -m mha_lib.bench decode --threads 1      # steadier on a shared machine
-    (python -m mha_lib.decode_bench ... is the same command)
 
 One self-attention layer (:class:`~mha_lib.EfficientMultiHeadAttention`, eval mode, no
 gradients) produces the outputs of ``tokens`` positions one at a time, two ways:
@@ -36,12 +35,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .bench.cli import _positive_int
-from .efficient import EfficientMultiHeadAttention
-from .inference import KVCache, kv_cache_bytes
-from .masks import causal_mask
+from ..efficient import EfficientMultiHeadAttention
+from ..inference import KVCache, kv_cache_bytes
+from ..masks import causal_mask
+from .cli import positive_int
+from .timing import synchronize
 
-__all__ = ["DecodeResult", "decode_benchmark", "main"]
+__all__ = ["DecodeResult", "decode_benchmark", "format_result", "main"]
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,6 @@ class DecodeResult:
         return asdict(self)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def decode_recompute(module: EfficientMultiHeadAttention, x: Tensor) -> Tensor:
     """Step ``t`` attends over the whole prefix ``x[:, :t + 1]`` again; ``(B, L, D) -> (B, L, D)``."""
     outputs = []
@@ -93,10 +88,10 @@ def decode_cached(module: EfficientMultiHeadAttention, x: Tensor, cache: KVCache
 def _fastest(run: Any, repeats: int, device: torch.device) -> tuple[float, Tensor]:
     best, out = float("inf"), None
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         out = run()
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best, out
 
@@ -144,7 +139,7 @@ def decode_benchmark(
 
 
 def format_result(result: DecodeResult) -> str:
-    """A short report of a :class:`DecodeResult`, as ``python -m mha_lib.decode_bench`` prints it."""
+    """A short report of a :class:`DecodeResult`, as ``python -m mha_lib.bench decode`` prints it."""
     r = result
     return "\n".join([
         f"decoding {r.tokens} tokens one at a time: d_model {r.d_model}, {r.num_heads} heads, batch {r.batch}, "
@@ -159,15 +154,16 @@ def format_result(result: DecodeResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mha_lib.bench decode``; returns the exit status (argument errors exit with status 2)."""
     parser = argparse.ArgumentParser(prog="python -m mha_lib.bench decode", description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=_positive_int, default=256, help="positions to decode (default 256)")
-    parser.add_argument("--d-model", type=_positive_int, default=512, help="model width (default 512)")
-    parser.add_argument("--heads", type=_positive_int, default=8, help="query heads (default 8)")
-    parser.add_argument("--kv-heads", type=_positive_int, default=2, help="key/value heads for GQA (default 2)")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="sequences decoded together (default 1)")
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="runs of each way; the fastest counts")
+    parser.add_argument("--tokens", type=positive_int, default=256, help="positions to decode (default 256)")
+    parser.add_argument("--d-model", type=positive_int, default=512, help="model width (default 512)")
+    parser.add_argument("--heads", type=positive_int, default=8, help="query heads (default 8)")
+    parser.add_argument("--kv-heads", type=positive_int, default=2, help="key/value heads for GQA (default 2)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (default 1)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each way; the fastest counts")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
-    parser.add_argument("--threads", type=_positive_int, help="CPU threads for this process (default: PyTorch's)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads for this process (default: PyTorch's)")
     args = parser.parse_args(argv)
     if args.threads:  # this command's own process only; decode_benchmark itself sets nothing
         torch.set_num_threads(args.threads)
@@ -178,7 +174,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     print(format_result(result))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""What the table of :mod:`mha_lib.progress` holds: the statuses, its rows and the report.
+"""What the table of :mod:`mha_course.progress` holds: the statuses, its rows and the report.
 
 A row is one exercise of one chapter (or, with ``exercise=None``, a whole notebook that could
 not be read or run); its ``status`` is a check's own (``passed``, ``not implemented``,
