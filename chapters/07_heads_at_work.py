@@ -84,10 +84,8 @@ from mha_lib.sentiment import (
     train_model,
 )
 from mha_lib.sentiment.attribution import ABLATIONS, ablated_accuracy, logit_attribution
-from mha_lib.sentiment.plots import plot_runs
-from mha_lib.sentiment.study import (
+from mha_lib.sentiment.findings import (
     FINDINGS,
-    baselines,
     findings_table,
     independent,
     kernel_path_changes,
@@ -97,6 +95,8 @@ from mha_lib.sentiment.study import (
     robust_seeds,
     wording,
 )
+from mha_lib.sentiment.plots import plot_runs
+from mha_lib.sentiment.run import baselines
 
 device = get_device()
 seed_everything(0)
@@ -798,7 +798,7 @@ plt.show()
 # ## 9. What held, and what didn't
 #
 # Every finding of this chapter in one table. The wording is what the text says; the cell fails
-# if a re-run study stops supporting it (`STATED` in `mha_lib.sentiment.study`). The course's
+# if a re-run study stops supporting it (`STATED` in `mha_lib.sentiment.findings`). The course's
 # tests also train two seeds outside the study, chosen in advance, and check the "all" findings.
 
 # %%

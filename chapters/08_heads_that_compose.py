@@ -63,18 +63,10 @@ from mha_lib.induction import (
     silence_heads,
     train_induction,
 )
+from mha_lib.induction.findings import check_findings, count_findings, top_head
 from mha_lib.induction.plots import plot_curves, plot_scores
-from mha_lib.induction.study import (
-    CONFIGS,
-    baselines,
-    check_findings,
-    count_findings,
-    eval_batch,
-    load_study,
-    load_trained,
-    measure,
-    top_head,
-)
+from mha_lib.induction.run import CONFIGS, baselines, eval_batch, measure
+from mha_lib.induction.study import load_study, load_trained
 
 device = get_device()
 seed_everything(0)

@@ -347,9 +347,9 @@ plt.show()
 
 # %%
 from mha_lib.sentiment import load_study, make_datasets
+from mha_lib.sentiment.findings import independent, learned
 from mha_lib.sentiment.plots import plot_runs
 from mha_lib.sentiment.probes import HALVES_GROUPS, halves_groups
-from mha_lib.sentiment.study import independent, learned
 
 _, test = make_datasets()
 print("held-out sentences per group (data seed 0):", {name: len(idx) for name, idx in halves_groups(test).items()})

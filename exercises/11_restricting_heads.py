@@ -205,7 +205,7 @@ vocab = Vocab.for_task()
 # (chapter 07). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
 # study, {label: fn(run)}, where=..., yours={label: value})` draws such a plot. Count only the
-# study's independent two-head runs, those for which `mha_lib.sentiment.study.independent(run)`
+# study's independent two-head runs, those for which `mha_lib.sentiment.findings.independent(run)`
 # holds: each has its own seed and its own sentences. (The study repeats the two-head runs on a
 # second CPU kernel path, as a check on rounding; such a replica is the same run computed again,
 # not a new sample, and measures no halves.) Each independent run holds
@@ -214,7 +214,7 @@ vocab = Vocab.for_task()
 # `"different halves"`; its thresholds, derived from chance, are in `run["baselines"]`
 # (`"learned_at"`, 95%, a tenth of a guess's errors; `"near_chance"`, below 72.5%, closer to
 # chance than to learned). Whether the freely trained model learned the task (95% or more on
-# the negated and on the plain sentences): `mha_lib.sentiment.study.learned(run)`.
+# the negated and on the plain sentences): `mha_lib.sentiment.findings.learned(run)`.
 
 # %%
 # your code here

@@ -299,7 +299,7 @@ for l in range(model.num_layers):
 # alone (chapter 08): a role is a score at least halfway from uniform attention to 1; "needed" is
 # a loss back above half of ln 64, halfway to not copying at all.
 from mha_lib.induction import duplicate_token_score
-from mha_lib.induction.study import role_threshold
+from mha_lib.induction.run import role_threshold
 
 phase = math.log(VOCAB_SIZE) / 2
 duplicate = torch.stack([duplicate_token_score(w, batch) for w in weights]).cpu()

@@ -346,7 +346,7 @@ assert min(results["free, tested restricted"].values()) < LEARNED_AT
 # (chapter 07). Which of your observations would hold for any seed? The seed study tells. Plot
 # its runs, one dot per run, with your models as stars: `mha_lib.sentiment.plots.plot_runs(ax,
 # study, {label: fn(run)}, where=..., yours={label: value})` draws such a plot. Count only the
-# study's independent two-head runs, those for which `mha_lib.sentiment.study.independent(run)`
+# study's independent two-head runs, those for which `mha_lib.sentiment.findings.independent(run)`
 # holds: each has its own seed and its own sentences. (The study repeats the two-head runs on a
 # second CPU kernel path, as a check on rounding; such a replica is the same run computed again,
 # not a new sample, and measures no halves.) Each independent run holds
@@ -355,12 +355,12 @@ assert min(results["free, tested restricted"].values()) < LEARNED_AT
 # `"different halves"`; its thresholds, derived from chance, are in `run["baselines"]`
 # (`"learned_at"`, 95%, a tenth of a guess's errors; `"near_chance"`, below 72.5%, closer to
 # chance than to learned). Whether the freely trained model learned the task (95% or more on
-# the negated and on the plain sentences): `mha_lib.sentiment.study.learned(run)`.
+# the negated and on the plain sentences): `mha_lib.sentiment.findings.learned(run)`.
 
 # %%
 # BEGIN SOLUTION
+from mha_lib.sentiment.findings import independent, learned
 from mha_lib.sentiment.plots import plot_runs
-from mha_lib.sentiment.study import independent, learned
 
 
 def independent_halves(run):

@@ -13,19 +13,9 @@ import torch
 from mha_lib.induction import repeated_segments, uniform_induction_score, uniform_previous_token_score
 from mha_lib.induction import study as study_module
 from mha_lib.induction.__main__ import main as cli
-from mha_lib.induction.study import (
-    CONFIGS,
-    EVAL_SEED,
-    FINDINGS,
-    STATED,
-    baselines,
-    check_findings,
-    count_findings,
-    load_study,
-    role_threshold,
-    run_seed,
-    study_jobs,
-)
+from mha_lib.induction.findings import FINDINGS, STATED, check_findings, count_findings
+from mha_lib.induction.run import CONFIGS, EVAL_SEED, baselines, role_threshold, run_seed
+from mha_lib.induction.study import load_study, study_jobs
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,9 @@ import torch
 
 from mha_lib.sentiment import load_study, make_datasets
 from mha_lib.sentiment.__main__ import parse_heads, parse_seeds
-from mha_lib.sentiment.study import (
-    CONFIG,
+from mha_lib.sentiment.findings import (
     FINDINGS,
-    HEADS,
-    RUNS,
     STATED,
-    STUDY_FILE,
-    Study,
-    baselines,
     check_findings,
     count_findings,
     findings_table,
@@ -35,11 +29,10 @@ from mha_lib.sentiment.study import (
     learning_order,
     negation_head_of,
     robust_seeds,
-    run_seed,
-    save_study,
-    study_jobs,
     wording,
 )
+from mha_lib.sentiment.run import CONFIG, baselines, run_seed
+from mha_lib.sentiment.study import HEADS, RUNS, STUDY_FILE, Study, save_study, study_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS_07 = {"negated", "plain", "plain+", "plain-", "negated+", "negated-"}

@@ -16,9 +16,10 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``_reference`` (the one reference implementation), then one
-module per topic: ``attention``, ``masks``, ``heads``, ``modules``, ``pytorch``,
-``layers``, ``restrict``, ``positions`` and ``inference`` (chapters 06 and 10), and
-``induction`` (chapter 08).
+module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
+``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` (06),
+``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
+exercise), ``efficient`` (09), ``inference`` and ``kv_cache`` (10), ``restrict`` (11).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
@@ -27,16 +28,15 @@ from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention
-from .induction import (
-    check_ablation_losses,
-    check_induction_score,
-    check_previous_token_score,
-    check_repeated_segment_batch,
-)
-from .inference import check_cached_attention, check_repeat_kv, check_sliding_window_mask
-from .layers import check_blockwise_attention, check_encoder_layer, check_fused_projection, check_head_ablation
-from .positions import check_apply_rotary, check_rotary_attention
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+from .positions import check_apply_rotary, check_rotary_attention
+from .encoder import check_encoder_layer, check_head_ablation
+from .repeated_segments import check_repeated_segment_batch
+from .head_scores import check_induction_score, check_previous_token_score
+from .ablation_losses import check_ablation_losses
+from .efficient import check_blockwise_attention, check_fused_projection
+from .inference import check_repeat_kv, check_sliding_window_mask
+from .kv_cache import check_cached_attention
 from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [

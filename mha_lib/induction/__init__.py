@@ -13,6 +13,10 @@ A one-layer model can't build it. The package is split by job:
 - :mod:`~mha_lib.induction.train`: :func:`train_induction`, :func:`phase_change_step`.
 - :mod:`~mha_lib.induction.scores`: previous-token, self and induction scores, and what
   uniform attention would score.
+- The seed study the chapter quotes, made by ``python -m mha_lib.induction study``:
+  :mod:`~mha_lib.induction.run` (one run, trained and measured), :mod:`~mha_lib.induction.study`
+  (many runs, the committed file, and the shipped trained model of exercise 8.3) and
+  :mod:`~mha_lib.induction.findings` (what the chapter states, with its counts).
 
 Elhage et al. (2021), "A Mathematical Framework for Transformer Circuits" (Transformer
 Circuits Thread); Olsson et al. (2022), "In-context Learning and Induction Heads".

@@ -4,7 +4,7 @@ independent seeds and write what the chapter measures to a JSON file.
     python -m mha_lib.induction study                       # 24 seeds x 1 and 2 layers, 10 rotary
     python -m mha_lib.induction study --seeds 100-104 --configs learned --output my_study.json
 
-Each run has its own initialisation and its own data (see ``mha_lib/induction/study.py``).
+Each run has its own initialisation and its own data (see ``mha_lib/induction/run.py``).
 The runs train in two processes side by side (``--workers``), one CPU thread each.
 ``make study`` rewrites the committed file, ``mha_lib/induction/study.json``, and
 ``python -m mha_lib.induction model`` the trained model of seed 0 that exercise 8.3 takes apart.
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"wrote {save_trained(args.output)}")
         return 0
-    from .study import CONFIGS, run_study, save_study, study_jobs
+    from .run import CONFIGS
+    from .study import run_study, save_study, study_jobs
 
     names = [name.strip() for name in args.configs.split(",") if name.strip()]
     if not names or any(name not in CONFIGS for name in names):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .study import Study
+from ..sentiment.study import Study
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

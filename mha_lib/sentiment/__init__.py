@@ -15,9 +15,11 @@ The package is split by job:
 - :mod:`~mha_lib.sentiment.attribution`: what each head contributes, measured three ways:
   :func:`ablated_accuracy` (zero-, mean- and resample-ablation) and :func:`logit_attribution`
   (direct logit attribution, the final LayerNorm's scale frozen).
-- :mod:`~mha_lib.sentiment.study`: the seed study the chapters quote (:func:`load_study`),
-  made by ``python -m mha_lib.sentiment study``: independent runs with 1, 2, 4 and 8 heads,
-  thresholds derived from baselines, and the findings with their counts.
+- The seed study the chapters quote, made by ``python -m mha_lib.sentiment study``:
+  :mod:`~mha_lib.sentiment.run` trains and measures one run (its own initialisation and data,
+  thresholds derived from baselines); :mod:`~mha_lib.sentiment.study` runs many, with 1, 2, 4
+  and 8 heads, and reads the committed file (:func:`load_study`);
+  :mod:`~mha_lib.sentiment.findings` holds what the chapters state, with its counts.
 
 The negation example comes from *Transformers in Action* (Manning), section 1.1.4.
 """

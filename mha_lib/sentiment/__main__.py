@@ -5,7 +5,7 @@ independent seeds and write what the chapters measure to a JSON file.
     python -m mha_lib.sentiment study --seeds 100-104 --heads 2 --no-replicas --output my_study.json
     python -m mha_lib.sentiment study --parts heads            # chapter 07's measurements only
 
-Each run draws its own data and its own initialisation (see ``mha_lib/sentiment/study.py``);
+Each run draws its own data and its own initialisation (see ``mha_lib/sentiment/run.py``);
 the configurations differ in the number of heads. The runs train in two processes side by
 side (``--workers``), one CPU thread each. The two-head runs are then repeated as *replicas*
 on PyTorch's plain C++ CPU kernels (``ATEN_CPU_CAPABILITY=default``, which a process reads
@@ -59,7 +59,8 @@ def parse_heads(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .study import HEADS, PARTS
+    from .run import PARTS
+    from .study import HEADS
 
     parser = argparse.ArgumentParser(prog="python -m mha_lib.sentiment",
                                      description="The seed study behind chapters 07 and 11.")

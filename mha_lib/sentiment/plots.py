@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .study import Study, independent
+from .findings import independent
+from .study import Study
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

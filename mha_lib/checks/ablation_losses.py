@@ -1,0 +1,199 @@
+"""Check for exercise 8.3 (chapter 08): the loss of a model with each head silenced in turn.
+
+The references are :mod:`mha_lib.induction`'s own ``losses`` and ``silence_heads``. The models
+are small *untrained* ``AttentionOnlyTransformer`` s with seeded weights: the function's
+correctness doesn't depend on training, and so the check is fast and the same on every machine.
+The learner's function must leave the model as it found it (no hook, eval mode, the same
+parameters, gradients on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..heads import silence_heads
+from ..induction.data import RepeatBatch, repeated_segments
+from ..induction.model import AttentionOnlyTransformer
+from ..induction.train import losses
+from ._core import CheckResult, Mistake, call, check_unchanged, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from .head_scores import copy_batch, expect_score_dtype
+
+
+def _untrained_model(seed: int, V: int, D: int, H: int, layers: int, L: int, positions: str,
+                     dtype: torch.dtype) -> AttentionOnlyTransformer:
+    """A small attention-only model with seeded random weights, large enough that every head matters."""
+    torch.manual_seed(seed)
+    model = AttentionOnlyTransformer(V, d_model=D, num_heads=H, num_layers=layers, max_len=L, positions=positions)
+    g = gen(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embedding" in name:
+                p.copy_(randn(g, *p.shape))
+            elif p.dim() > 1:
+                p.copy_(randn(g, *p.shape, scale=(1.0 if name.startswith("unembed") else 1.5) * p.shape[1] ** -0.5))
+            else:
+                p.copy_(randn(g, *p.shape, scale=0.2))
+    return model.to(dtype).eval()
+
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def _predictable_loss(logits: Tensor, batch: RepeatBatch, shift: int = 1) -> Tensor:
+    """Cross-entropy on the predictable tokens, position ``t - shift`` predicting token ``t``."""
+    V = logits.size(-1)
+    if shift == 1:
+        return losses(logits, batch)[1]
+    if shift == 0:
+        return F.cross_entropy(logits[batch.predictable].reshape(-1, V), batch.tokens[batch.predictable])
+    return F.cross_entropy(logits[:, 1:][batch.predictable[:, :-1]], batch.tokens[:, :-1][batch.predictable[:, :-1]])
+
+
+def _ablated(model: AttentionOnlyTransformer, batch: RepeatBatch, silenced: Callable[[int, int], list[tuple[int, list[int]]]],
+             loss: Callable[[Tensor], Tensor]) -> Tensor:
+    """``(num_layers, H)``: ``loss(logits)`` with the heads that ``silenced(l, h)`` names switched off."""
+    rows = []
+    with torch.no_grad():
+        for l in range(model.num_layers):
+            row = []
+            for h in range(model.num_heads):
+                with ExitStack() as stack:
+                    for layer, heads in silenced(l, h):
+                        stack.enter_context(silence_heads(model.layers[layer], heads))
+                    row.append(loss(model(batch.tokens)))
+            rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+ABLATION_DEFINITION = ("Entry [l, h] is the mean cross-entropy on the predictable tokens, "
+                       "mha_lib.induction.losses(logits, batch)[1], of the model's logits computed inside "
+                       "`with silence_heads(model.layers[l], [h]):`.")
+
+
+def _call_leaving_model_alone(fn: Callable[..., Any], model: AttentionOnlyTransformer, batch: RepeatBatch,
+                              what: str) -> Any:
+    """Call ``fn(model, batch)``; fail if it left the model, the batch or the grad mode changed."""
+    grad_mode, hooks = torch.is_grad_enabled(), _hooks(model)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    given = copy_batch(batch)
+    try:
+        out = call(fn, model, given, what=what)
+    finally:
+        changed_grad = torch.is_grad_enabled() != grad_mode
+        torch.set_grad_enabled(grad_mode)
+    check_unchanged(["batch.tokens", "batch.predictable"], [batch.tokens, batch.predictable],
+                    [given.tokens, given.predictable], "your function")
+    if changed_grad:
+        raise fail("your function left gradients switched off for everything that runs after it",
+                   "Switch them off for a block only: `with torch.no_grad():` switches them back on when the block "
+                   "ends (torch.set_grad_enabled(False) does not).")
+    if _hooks(model) != hooks:
+        raise fail("your function left a hook on the model: every later forward pass still silences a head",
+                   "Silence inside `with silence_heads(model.layers[l], [h]):`; the hook is removed when the block "
+                   "ends, also after an error.")
+    if model.training:
+        raise fail("your function left the model in training mode",
+                   "It only evaluates the model: leave its mode alone (no model.train()), or put back the mode you "
+                   "found: model.train(was_training).")
+    if any(not torch.equal(p, params[n]) for n, p in model.named_parameters()):
+        raise fail("your function changed the model's parameters",
+                   "Silence a head on the way through (silence_heads adds a hook and removes it) instead of "
+                   "zeroing weights.")
+    if any(p.grad is not None for p in model.parameters()):
+        raise fail("your function left gradients in the model's parameters (.grad)",
+                   "Only evaluate: compute the losses under `with torch.no_grad():` and call no backward().")
+    return out
+
+
+def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], Any]) -> CheckResult:
+    """Check ``fn(model, batch) -> (num_layers, H)``: entry ``[l, h]`` is the loss on the
+    predictable tokens (``mha_lib.induction.losses(logits, batch)[1]``) with head ``h`` of layer
+    ``l`` silenced (``silence_heads(model.layers[l], [h])``); the model is left as it was found
+    (no hook, eval mode, same parameters, gradients on), and a second call gives the same."""
+
+    def body() -> str:
+        cases = [
+            dict(seed=81, V=12, D=12, H=3, layers=2, L=16, B=8, segment=(3, 6), positions="learned", dtype=torch.float32),
+            dict(seed=82, V=10, D=8, H=2, layers=2, L=12, B=6, segment=(2, 5), positions="rotary", dtype=torch.float64),
+            dict(seed=83, V=9, D=8, H=2, layers=3, L=14, B=5, segment=(3, 7), positions="sinusoidal", dtype=torch.float32),
+        ]
+        for number, c in enumerate(cases):
+            model = _untrained_model(c["seed"], c["V"], c["D"], c["H"], c["layers"], c["L"], c["positions"], c["dtype"])
+            batch = repeated_segments(c["B"], c["L"], c["V"], c["segment"], generator=gen(c["seed"]))
+            layers, H = c["layers"], c["H"]
+            label = f"a {layers}-layer model with {H} heads per layer, {str(c['dtype']).replace('torch.', '')}"
+            expected = _ablated(model, batch, lambda l, h: [(l, [h])], lambda z: losses(z, batch)[1])
+            with torch.no_grad():
+                intact = losses(model(batch.tokens), batch)[1]
+            out = _call_leaving_model_alone(fn, model, batch, f"your function ({label})")
+            what = f"the losses for {label}"
+            if isinstance(out, Tensor) and tuple(out.shape) == (H, layers) and H != layers:
+                raise fail(f"{what} have shape {(H, layers)}: transposed, expected (num_layers, H) = {(layers, H)}",
+                           "One row per layer, one column per head: out[l, h].")
+            if isinstance(out, Tensor) and tuple(out.shape) == (layers * H,):
+                raise fail(f"{what} have shape {(layers * H,)}, expected (num_layers, H) = {(layers, H)}",
+                           "One row per layer: torch.stack the rows, or .reshape(num_layers, H).")
+            expect_score_dtype(out, c["dtype"], what, of="a model",
+                               build="torch.stack the loss tensors into rows, and the rows into a table.")
+            out = expect_tensor(out, what, (layers, H), dtype=c["dtype"], explain=" (num_layers, H)")
+            if not close(out, expected):
+                shown = "; ".join(", ".join(f"{v:.3f}" for v in row) for row in out.double().tolist())
+                raise diagnose(out, _ablation_mistakes(model, batch, expected, intact),
+                               f"wrong losses for {label} (yours: {shown})", ABLATION_DEFINITION)
+            if number == 0:
+                again = _call_leaving_model_alone(fn, model, batch, f"your function ({label}, called a second time)")
+                if not isinstance(again, Tensor) or not close(again.detach(), out):
+                    raise fail(f"a second call on the same model gave other losses ({label}): something your "
+                               "function changes stays changed", "Leave the model as you found it.")
+        return (f"right for {len(cases)} untrained models (2 and 3 layers, 2 and 3 heads, float32 and float64), "
+                "twice on the same model; the model is left as it was")
+
+    def on_one_thread() -> str:  # models this small run many times faster on one thread of a busy CPU
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return body()
+        finally:
+            torch.set_num_threads(threads)
+
+    return run_check("ablation losses", on_one_thread)
+
+
+def _ablation_mistakes(model: AttentionOnlyTransformer, batch: RepeatBatch, expected: Tensor,
+                       intact: Tensor) -> list[Mistake]:
+    H = model.num_heads
+
+    def each(silenced: Callable[[int, int], list[tuple[int, list[int]]]], shift: int = 1, which: int = 1):
+        if which == 1:
+            return lambda: _ablated(model, batch, silenced, lambda z: _predictable_loss(z, batch, shift))
+        return lambda: _ablated(model, batch, silenced, lambda z: losses(z, batch)[which])
+
+    one = lambda l, h: [(l, [h])]  # noqa: E731
+    return [
+        ("the increase over the intact model's loss, not the loss itself",
+         lambda: [expected - intact, intact - expected],
+         "Return the loss with the head silenced; compare it with the intact model's loss afterwards, in the "
+         "notebook."),
+        ("nothing was silenced (every entry is the intact model's loss)", lambda: intact.expand_as(expected),
+         "Compute the logits *inside* `with silence_heads(model.layers[l], [h]):`."),
+        ("each entry silences the whole layer", each(lambda l, h: [(l, list(range(H)))]),
+         "Silence one head at a time: silence_heads(model.layers[l], [h]), a list holding only h."),
+        ("every row silences the heads of layer 0 (model.layers[0] instead of model.layers[l])",
+         each(lambda l, h: [(0, [h])]), "Row l silences the heads of model.layers[l]."),
+        ("the loss over all tokens, not only the predictable ones", each(one, which=0),
+         "Only the predictable tokens tell whether the model copies: losses(logits, batch)[1]."),
+        ("the loss over the unpredictable tokens", each(one, which=2),
+         "losses(logits, batch) returns (all, predictable, other): take [1]."),
+        ("the logits at the wrong position: logits[:, t] scored against token t, not t + 1",
+         lambda: [each(one, shift=0)(), each(one, shift=-1)()],
+         "Position t predicts token t + 1: score logits[:, :-1] against tokens[:, 1:] (losses(logits, batch) does)."),
+        ("the rows and columns are swapped (entry [h, l])", lambda: expected.T,
+         "One row per layer, one column per head: out[l, h]."),
+    ]
