@@ -423,15 +423,20 @@ except AttributeError as error:
 #
 # `mha_lib.MultiHeadAttention` (in `mha_lib/multi_head.py`) is the listing with the fix, plus
 # checks on its inputs, optional masks and attention dropout, and `return_weights=True` to get
-# the weights `(B, H, Lq, Lk)`. Its `forward` runs exactly the five steps of section 3:
+# the weights `(B, H, Lq, Lk)`. Its `forward` runs the five steps of section 3, one method
+# each, after checking its inputs once:
 #
 # ```python
-# q = split_heads(self.W_q(query), self.num_heads)   # 1) project, 2) split: (B, H, Lq, d_k)
-# k = split_heads(self.W_k(key), self.num_heads)     #                     (B, H, Lk, d_k)
-# v = split_heads(self.W_v(value), self.num_heads)   #                     (B, H, Lk, d_k)
-# heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # 3) attend
-# output = self.W_o(combine_heads(heads))            # 4) combine, 5) project: (B, Lq, d_model)
+# q, k, v = self.project(query, key, value)   # 1) W_q query, W_k key, W_v value
+# q, k, v = self.split(q, k, v)               # 2) split_heads: (B, H, Lq, d_k), (B, H, Lk, d_k)
+# heads, weights = self.attend(q, k, v, mask, return_weights)  # 3) scaled_dot_product_attention
+# output = self.W_o(combine_heads(heads))     # 4) combine, 5) project: (B, Lq, d_model)
 # ```
+#
+# Later chapters hook in between steps 2 and 3, each with one line that does nothing unless
+# asked: rotating queries and keys by their positions (chapter 06, `rotary=True`) and a cache of
+# past keys and values for decoding (chapter 10, `cache=`). Chapter 09's fused module replaces
+# steps 1 and 3 only.
 #
 # It takes `query`, `key` and `value` separately; for self-attention pass the same tensor three
 # times. Load the weights of section 3 into it and it must give the same output and weights:

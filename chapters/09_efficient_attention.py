@@ -187,16 +187,16 @@ if device.type in ("cpu", "cuda"):
 # %% [markdown]
 # ## 4. `mha_lib.EfficientMultiHeadAttention`
 #
-# The two ideas together make the efficient module. It has the teaching module's forward
-# contract (`forward(query, key, value, mask=None, return_weights=False)`, same masks, same
-# output) and two layers: `W_qkv` (the fused `(1536, 512)` projection) and `W_o`. Its
-# `forward`, in the nanoGPT style:
+# The two ideas together make the efficient module. It *is* the teaching module (a subclass:
+# the same arguments, checks, forward, masks, RoPE and cache) with two of its five steps
+# replaced, in `mha_lib/efficient.py`:
 #
 # ```python
-# q, k, v = self.W_qkv(query).split(D, dim=-1)        # self-attention: one matmul, 3 x (B, L, D)
-# q = q.view(B, Lq, H, d_k).transpose(1, 2)            # (B, H, Lq, d_k), a view; k, v likewise
-# heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-# output = self.W_o(heads.transpose(1, 2).reshape(B, Lq, D))  # (B, Lq, D)
+# def project(self, query, key, value):       # step 1: one layer W_qkv, (1536, 512)
+#     return self.W_qkv(query).split(D, dim=-1)   # self-attention: one matmul, 3 x (B, L, D)
+#
+# def attend(self, q, k, v, mask, return_weights):  # step 3: the fused kernel
+#     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
 # ```
 #
 # plus a path for cross-attention (slices of `W_qkv`), the explicit path when you ask for the

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .validation import check_attention_inputs, check_mask
+from .validation import check_attention_inputs
 
-__all__ = ["scaled_dot_product_attention", "check_mask"]
+__all__ = ["scaled_dot_product_attention"]
 
 
 def scaled_dot_product_attention(
@@ -55,13 +55,20 @@ def scaled_dot_product_attention(
 
     A query whose keys are all blocked gets all-zero weights and a zero output,
     not NaN (softmax over a row of ``-inf`` would be ``0 / 0``); its gradients
-    are zero too. Bad input (shapes, dtypes, devices, masks) gets a ValueError or
-    TypeError that names it (:func:`~mha_lib.validation.check_attention_inputs`).
+    are zero too. A blocked key's value still enters ``weights @ value`` with
+    weight 0, and ``0 × NaN`` is NaN: NaN or inf in a masked value (an
+    uninitialised pad token, say) makes the outputs NaN, as in PyTorch's own
+    kernels, so fill padding with zeros. Bad input (shapes, dtypes, devices,
+    masks) gets a ValueError or TypeError that names it
+    (:func:`~mha_lib.validation.check_attention_inputs`).
     """
     dropout_p = check_attention_inputs(query, key, value, mask, dropout_p)
 
     d_k = query.size(-1)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., Lq, Lk)
+    if query.dtype == torch.float16:  # Q Kᵀ itself can overflow float16 (above 65504): scale first
+        scores = (query / math.sqrt(d_k)) @ key.transpose(-2, -1)  # (..., Lq, Lk)
+    else:
+        scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., Lq, Lk)
 
     if mask is not None:
         if mask.dtype == torch.bool:

@@ -9,8 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import numbers
+
 import torch
 from torch import Tensor, nn
+
+from .validation import check_positive_int, describe
 
 __all__ = ["split_heads", "combine_heads", "silence_heads"]
 
@@ -22,11 +26,10 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     brings the head axis in front of the sequence axis, so that every head is
     a separate ``(L, d_k)`` matrix for batched matrix multiplication.
     """
-    if x.dim() != 3:
-        raise ValueError(f"split_heads expects (B, L, D), got shape {tuple(x.shape)}")
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise ValueError(f"split_heads expects (B, L, D), got {describe(x)}")
     B, L, D = x.shape
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    num_heads = check_positive_int(num_heads, "num_heads")
     if D % num_heads != 0:
         raise ValueError(f"D={D} is not divisible by num_heads={num_heads}")
     return x.reshape(B, L, num_heads, D // num_heads).transpose(1, 2)  # (B, H, L, d_k)
@@ -38,8 +41,8 @@ def combine_heads(x: Tensor) -> Tensor:
     After the transpose the memory is no longer in row order, so a plain
     ``.view`` would fail; ``.reshape`` copies into the right order.
     """
-    if x.dim() != 4:
-        raise ValueError(f"combine_heads expects (B, H, L, d_k), got shape {tuple(x.shape)}")
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        raise ValueError(f"combine_heads expects (B, H, L, d_k), got {describe(x)}")
     B, H, L, d_k = x.shape
     return x.transpose(1, 2).reshape(B, L, H * d_k)  # (B, L, D)
 
@@ -63,10 +66,14 @@ def silence_heads(attention: nn.Module, heads: Iterable[int]) -> Iterator[None]:
     if not isinstance(num_heads, int) or not isinstance(W_o, nn.Linear) or W_o.in_features % num_heads:
         raise TypeError("silence_heads needs a multi-head module with an int num_heads and an nn.Linear W_o "
                         f"that receives the heads side by side (e.g. MultiHeadAttention); got {type(attention).__name__}")
+    if isinstance(heads, (int, str, Tensor)) or not isinstance(heads, Iterable):
+        raise TypeError(f"heads must be a list of head indices, e.g. [{heads!r}], got {heads!r} "
+                        f"(a {type(heads).__name__})")
     heads = list(heads)
-    bad = [h for h in heads if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < num_heads]
+    bad = [h for h in heads if isinstance(h, bool) or not isinstance(h, numbers.Integral) or not 0 <= h < num_heads]
     if bad:
         raise ValueError(f"heads must be ints in [0, {num_heads}), got {bad}")
+    heads = [int(h) for h in heads]
     d_k = W_o.in_features // num_heads
     keep = torch.ones(W_o.in_features)  # (H * d_k,)
     for h in heads:

@@ -14,26 +14,14 @@ queries attend to everything so far. Pass one to ``forward(x, x, x, cache=cache)
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
-from .positions import apply_rotary
-from .validation import check_mask, check_positive_int
+from .validation import check_positive_int, check_whole, describe
 
-__all__ = ["KVCache", "kv_cache_bytes", "repeat_kv", "cached_mask", "check_cache", "check_num_kv_heads", "rotate_and_cache"]
-
-
-def check_num_kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
-    """``num_kv_heads``, defaulting to ``num_heads``; a clear error unless it divides ``num_heads``."""
-    if num_kv_heads is None:
-        return num_heads
-    num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")  # np.int64 too; not True or 2.0
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: every key/value "
-            f"head must serve the same number of query heads"
-        )
-    return num_kv_heads
+__all__ = ["KVCache", "kv_cache_bytes", "repeat_kv"]
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -44,10 +32,9 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     ``repeat_kv`` and of ``F.scaled_dot_product_attention(..., enable_gqa=True)``
     (``torch.repeat_interleave`` on the head axis). ``n_rep = 1`` returns ``x`` itself.
     """
-    if x.dim() != 4:
-        raise ValueError(f"repeat_kv expects (B, H_kv, L, d_k), got shape {tuple(x.shape)}")
-    if isinstance(n_rep, bool) or not isinstance(n_rep, int) or n_rep < 1:
-        raise ValueError(f"n_rep must be a positive int, got {n_rep!r}")
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        raise ValueError(f"repeat_kv expects (B, H_kv, L, d_k), got {describe(x)}")
+    n_rep = check_positive_int(n_rep, "n_rep")
     if n_rep == 1:
         return x
     B, H_kv, L, d_k = x.shape
@@ -74,6 +61,7 @@ class KVCache:
     def __init__(self) -> None:
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
+        self._owner: weakref.ref | None = None  # the layer that filled it
 
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.size(-2)
@@ -85,6 +73,9 @@ class KVCache:
 
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new ``(B, H_kv, n, d_k)`` keys and values; return all ``(B, H_kv, T + n, d_k)``."""
+        if not (isinstance(keys, Tensor) and isinstance(values, Tensor)):
+            raise TypeError(f"KVCache.update expects keys and values as tensors (B, H_kv, n, d_k), "
+                            f"got {describe(keys)} and {describe(values)}")
         if keys.dim() != 4 or keys.shape != values.shape:
             raise ValueError(
                 f"KVCache.update expects keys and values of one shape (B, H_kv, n, d_k), got "
@@ -105,8 +96,46 @@ class KVCache:
         return self.keys, self.values
 
     def reset(self) -> None:
-        """Forget everything, to decode a new sequence."""
+        """Forget everything, to decode a new sequence (with any layer)."""
         self.keys = self.values = None
+        self._owner = None
+
+    def claim(self, layer: object) -> None:
+        """Remember ``layer`` as the one this cache serves; a clear error if another filled it.
+
+        Two layers of one size would otherwise append their keys to one cache and silently mix them.
+        """
+        if layer is None:
+            return
+        owner = None if self._owner is None else self._owner()
+        if self.keys is not None and owner is not None and owner is not layer:
+            raise ValueError("this KVCache holds another layer's keys and values: use one KVCache per layer "
+                             "(e.g. caches = [KVCache() for _ in layers]), and reset() them before a new sequence")
+        self._owner = weakref.ref(layer)
+
+    def extend(self, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One decoding step of a layer: append ``n`` new keys and values, and the mask of the new queries.
+
+        New query ``i`` (position ``T + i``) may attend to keys ``0 … T + i``: every cached
+        position, and causally within the new chunk. A user's ``mask`` (bool or float,
+        broadcastable to ``(B, H, n, T + n)``, e.g. the last ``n`` rows of a
+        :func:`~mha_lib.sliding_window_mask`; checked by the caller) is combined with that.
+        One new token with no mask may see everything: the mask is then None.
+
+        Returns keys and values ``(B, H_kv, T + n, d_k)`` and the mask.
+        """
+        n = keys.size(-2)
+        keys, values = self.update(keys, values)  # (B, H_kv, T + n, d_k)
+        total = keys.size(-2)
+        if mask is None and n == 1:
+            return keys, values, None
+        causal = torch.ones(n, total, dtype=torch.bool, device=keys.device).tril(diagonal=total - n)  # (n, T + n)
+        if mask is None:
+            return keys, values, causal
+        causal = causal.to(mask.device)
+        if mask.dtype == torch.bool:
+            return keys, values, mask & causal
+        return keys, values, mask.masked_fill(~causal, float("-inf"))
 
     def __repr__(self) -> str:
         shape = None if self.keys is None else tuple(self.keys.shape)
@@ -122,64 +151,10 @@ def kv_cache_bytes(
     float16/bfloat16, 4 for float32). A LLaMA-2-7B-like model (32 layers, 32 heads of 128,
     float16) holds 0.5 MiB per token: 2 GiB for 4096 tokens; with 8 key/value heads, a quarter.
     """
-    sizes = (num_layers, num_kv_heads, d_k, seq_len, batch, bytes_per_element)
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
-        raise ValueError(f"kv_cache_bytes expects non-negative ints, got {sizes}")
+    names = ("num_layers", "num_kv_heads", "d_k", "seq_len", "batch", "bytes_per_element")
+    sizes = [check_whole(n, name, "an int >= 0") for n, name in zip((num_layers, num_kv_heads, d_k, seq_len, batch,
+                                                       bytes_per_element), names)]
+    if negative := [name for name, n in zip(names, sizes) if n < 0]:
+        raise ValueError(f"kv_cache_bytes expects sizes >= 0, got {dict(zip(names, sizes))}; negative: {negative}")
+    num_layers, num_kv_heads, d_k, seq_len, batch, bytes_per_element = sizes
     return 2 * num_layers * batch * num_kv_heads * seq_len * d_k * bytes_per_element
-
-
-def check_cache(cache: KVCache | None, query: Tensor, key: Tensor, value: Tensor) -> int:
-    """The number ``T`` of positions already cached (0 without a cache); a clear error for misuse."""
-    if cache is None:
-        return 0
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a mha_lib.KVCache, got {type(cache).__name__}")
-    if not (query is key and key is value):
-        raise ValueError(
-            "a KVCache works for self-attention only: pass the same tensor as query, key and value "
-            "(cross-attention attends to a fixed memory, whose keys and values never grow)"
-        )
-    return len(cache)
-
-
-def cached_mask(
-    mask: Tensor | None, scores_shape: tuple[int, ...], device: torch.device | str | None = None
-) -> Tensor | None:
-    """The mask for ``n`` new queries at positions ``T … T + n - 1`` over ``T + n`` keys.
-
-    New query ``i`` may attend to keys ``0 … T + i``: every cached position, and causally within the
-    new chunk. ``scores_shape`` is ``(B, H, n, T + n)``. A user's ``mask`` (bool or float,
-    broadcastable to ``scores_shape``, e.g. the last ``n`` rows of a
-    :func:`~mha_lib.sliding_window_mask`) is combined with it. One new token with no mask may see
-    everything: then None.
-    """
-    n, total = scores_shape[-2], scores_shape[-1]
-    if mask is None and n == 1:
-        return None
-    causal = torch.ones(n, total, dtype=torch.bool, device=device).tril(diagonal=total - n)  # (n, T + n)
-    if mask is None:
-        return causal
-    check_mask(mask, torch.Size(scores_shape))
-    causal = causal.to(mask.device)
-    if mask.dtype == torch.bool:
-        return mask & causal
-    return mask.masked_fill(~causal, float("-inf"))
-
-
-def rotate_and_cache(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, rotary: bool, cache: KVCache | None, past: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """The step both attention modules take between ``split_heads`` and attending.
-
-    q ``(B, H, n, d_k)``, k and v ``(B, H_kv, n, d_k)`` of ``n`` tokens at positions
-    ``past … past + n - 1``. With ``rotary``, q and k are rotated by those positions (RoPE;
-    never v). With a ``cache``, k and v are appended to the ``past`` cached ones and the mask
-    becomes :func:`cached_mask`'s. Returns q, k, v ``(B, H_kv, past + n, d_k)`` and the mask.
-    """
-    if rotary:  # RoPE: rotate queries and keys by their positions T, T + 1, ..., never the values
-        q = apply_rotary(q, torch.arange(past, past + q.size(2), device=q.device))  # (B, H, n, d_k)
-        k = apply_rotary(k, torch.arange(past, past + k.size(2), device=k.device))  # (B, H_kv, n, d_k)
-    if cache is not None:  # decoding: attend to every cached position, causally within the chunk
-        mask = cached_mask(mask, (*q.shape[:-1], past + k.size(2)), q.device)  # (n, T + n) or None
-        k, v = cache.update(k, v)  # (B, H_kv, T + n, d_k)
-    return q, k, v, mask

@@ -4,19 +4,26 @@ The attribute names ``W_q, W_k, W_v, W_o`` follow the listing in
 *Transformers in Action* (listing 2.4), with its bug fixed: the listing splits
 the values with ``self.d_v``, which it never defines. Every head's keys and
 values have the same size here, ``d_k = d_model // num_heads``.
+
+``forward`` is chapter 03's five steps, one method each, with the two places where later
+chapters hook in: positions inside each head (RoPE, chapter 06) between splitting and
+attending, and a key/value cache (chapter 10) just before attending.
+:class:`~mha_lib.EfficientMultiHeadAttention` (chapter 09) overrides two steps only: the
+projection (one fused matrix) and the attention (a fused kernel).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import combine_heads, split_heads
-from .inference import KVCache, check_cache, check_num_kv_heads, repeat_kv, rotate_and_cache
-from .positions import check_rotary
-from .validation import check_heads, check_qkv  # check_qkv: also importable from here, as before
+from .inference import KVCache, repeat_kv
+from .positions import apply_rotary
+from .validation import check_flag, check_forward, check_heads, check_num_kv_heads, check_rotary
 
-__all__ = ["MultiHeadAttention", "check_qkv"]
+__all__ = ["MultiHeadAttention"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -45,19 +52,21 @@ class MultiHeadAttention(nn.Module):
         rotary: bool = False,
     ) -> None:
         super().__init__()
-        d_model, num_heads, dropout = check_heads(d_model, num_heads, dropout)
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_k = d_model // num_heads  # per head; the paper's d_k = d_v = d_model / h
-        self.num_kv_heads = check_num_kv_heads(num_heads, num_kv_heads)  # H_kv
-        self.rotary = bool(rotary)
+        self.d_model, self.num_heads, self.dropout = check_heads(d_model, num_heads, dropout)
+        self.d_k = self.d_model // self.num_heads  # per head; the paper's d_k = d_v = d_model / h
+        self.num_kv_heads = check_num_kv_heads(self.num_heads, num_kv_heads)  # H_kv
+        self.rotary = check_flag(rotary, "rotary")
         if self.rotary:
             check_rotary(self.d_k)
-        self.dropout = dropout
-        self.W_q = nn.Linear(d_model, d_model, bias=bias)
-        self.W_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
-        self.W_v = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
-        self.W_o = nn.Linear(d_model, d_model, bias=bias)
+        self.make_projections(check_flag(bias, "bias"))
+
+    def make_projections(self, bias: bool) -> None:
+        """``W_q``: ``d_model → d_model``; ``W_k``, ``W_v``: ``d_model → H_kv·d_k``; ``W_o``: ``d_model → d_model``."""
+        kv_features = self.num_kv_heads * self.d_k
+        self.W_q = nn.Linear(self.d_model, self.d_model, bias=bias)
+        self.W_k = nn.Linear(self.d_model, kv_features, bias=bias)
+        self.W_v = nn.Linear(self.d_model, kv_features, bias=bias)
+        self.W_o = nn.Linear(self.d_model, self.d_model, bias=bias)
 
     def forward(
         self,
@@ -84,39 +93,52 @@ class MultiHeadAttention(nn.Module):
                 A 2-D mask is always ``(Lq, Lk)`` and a 3-D one ``(H, Lq, Lk)``,
                 also when ``B == Lq`` or ``B == H`` (:mod:`mha_lib.validation`).
             return_weights: also return the attention weights.
-            cache: a :class:`~mha_lib.KVCache` for decoding (self-attention only). The ``n``
-                new tokens' keys and values are appended to the ``T`` cached ones, the new
-                queries attend to all ``T + n`` positions and causally among themselves (``mask``,
-                if given, must broadcast to ``(B, H, n, T + n)`` and is combined with that), and
-                RoPE positions continue at ``T``. Token by token or in chunks, this equals the
-                full forward with :func:`~mha_lib.causal_mask`.
+            cache: a :class:`~mha_lib.KVCache` for decoding (self-attention only, one cache
+                per layer). The ``n`` new tokens' keys and values are appended to the ``T``
+                cached ones, the new queries attend to all ``T + n`` positions and causally
+                among themselves (``mask``, if given, must broadcast to ``(B, H, n, T + n)``
+                and is combined with that), and RoPE positions continue at ``T``. Token by
+                token or in chunks, this equals the full forward with :func:`~mha_lib.causal_mask`.
 
         Returns:
             output ``(B, Lq, d_model)``, or ``(output, weights)`` with weights
             ``(B, H, Lq, Lk)`` (``Lk = T + n`` with a cache) when ``return_weights`` is True.
         """
-        check_qkv(query, key, value, self.d_model, weight=self.W_q.weight, mask=mask)
-        past = check_cache(cache, query, key, value)  # T, the positions already cached (0 without a cache)
-
-        # 1) project, then 2) split the d_model features into H heads of d_k
-        q = split_heads(self.W_q(query), self.num_heads)  # (B, H, Lq, d_k)
-        k = split_heads(self.W_k(key), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        v = split_heads(self.W_v(value), self.num_kv_heads)  # (B, H_kv, Lk, d_k)
-        # RoPE on q and k (rotary=True); with a cache, append k and v and see the past (chapters 06, 10)
-        q, k, v, mask = rotate_and_cache(q, k, v, mask, rotary=self.rotary, cache=cache, past=past)
-
-        # 3) every head attends on its own, in one batched call; a group of
-        #    H // H_kv query heads shares each key/value head
-        n_rep = self.num_heads // self.num_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, Lk, d_k)
-        dropout_p = self.dropout if self.training else 0.0
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # (B, H, Lq, d_k)
-
-        # 4) concatenate the heads and 5) mix them with the output projection
-        output = self.W_o(combine_heads(heads))  # (B, Lq, d_model)
+        past = check_forward(self, query, key, value, mask, cache, return_weights)  # every check, once; T cached positions
+        q, k, v = self.project(query, key, value)  # 1) (B, Lq, d_model), (B, Lk, H_kv·d_k) x 2
+        q, k, v = self.split(q, k, v)  # 2) (B, H, Lq, d_k), (B, H_kv, Lk, d_k) x 2
+        if self.rotary:  # positions inside each head (chapter 06)
+            q, k = self.rotate(q, k, start=past)
+        if cache is not None:  # decoding (chapter 10): the cached keys and values, and the new ones
+            k, v, mask = cache.extend(k, v, mask)  # (B, H_kv, T + n, d_k) x 2
+        heads, weights = self.attend(q, k, v, mask, return_weights)  # 3) (B, H, Lq, d_k)
+        output = self.W_o(combine_heads(heads))  # 4) combine, 5) project: (B, Lq, d_model)
         return (output, weights) if return_weights else output
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Step 1: ``W_q query``, ``W_k key``, ``W_v value``."""
+        return self.W_q(query), self.W_k(key), self.W_v(value)
+
+    def split(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Step 2: ``H`` query heads, ``H_kv`` key/value heads, of ``d_k`` features each."""
+        return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+
+    def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """RoPE: rotate queries and keys by their positions ``start, start + 1, ...`` (never the values)."""
+        q_positions = torch.arange(start, start + q.size(-2), device=q.device)
+        k_positions = torch.arange(start, start + k.size(-2), device=k.device)
+        return apply_rotary(q, q_positions), apply_rotary(k, k_positions)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Step 3: every head attends on its own, in one batched call; a group of ``H // H_kv``
+        query heads shares each key/value head. Returns the heads ``(B, H, Lq, d_k)`` and the
+        weights ``(B, H, Lq, Lk)``."""
+        n_rep = self.num_heads // self.num_kv_heads
+        dropout_p = self.dropout if self.training else 0.0
+        return scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, dropout_p)
 
     def extra_repr(self) -> str:
         grouped = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
-        rotary = ", rotary=True" if self.rotary else ""  # the defaults stay unsaid, as before
+        rotary = ", rotary=True" if self.rotary else ""  # the defaults stay unsaid
         return f"d_model={self.d_model}, num_heads={self.num_heads}{grouped}, d_k={self.d_k}, dropout={self.dropout}{rotary}"

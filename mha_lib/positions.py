@@ -15,22 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["sinusoidal_positions", "apply_rotary", "check_rotary"]
+from .validation import check_base, check_device, check_positive_int, describe
 
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def check_rotary(d_k: int) -> None:
-    """A clear error, at construction, for a module with ``rotary=True`` and an odd head size."""
-    if d_k % 2 != 0:
-        raise ValueError(
-            f"rotary=True needs an even head size d_k = d_model // num_heads, got d_k={d_k}: "
-            "RoPE rotates the features in pairs"
-        )
+__all__ = ["sinusoidal_positions", "apply_rotary"]
 
 
 def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
@@ -46,8 +33,8 @@ def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str 
     Returns:
         float32 ``(seq_len, d_model)``; row ``pos`` is added to the embedding of token ``pos``.
     """
-    _check_positive_int("seq_len", seq_len)
-    _check_positive_int("d_model", d_model)
+    seq_len, d_model = check_positive_int(seq_len, "seq_len"), check_positive_int(d_model, "d_model")
+    device = check_device(device)
     pos = torch.arange(seq_len, dtype=torch.float64, device=device)[:, None]  # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(D/2),)
     angles = pos / 10000.0 ** (two_i / d_model)  # (L, ceil(D/2))
@@ -87,7 +74,9 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         the rotated tensor, same shape and dtype as ``x``.
     """
     if not isinstance(x, Tensor) or x.dim() < 2:
-        raise ValueError(f"apply_rotary expects a tensor (..., L, d_k), got {getattr(x, 'shape', type(x).__name__)}")
+        raise ValueError(f"apply_rotary expects (..., L, d_k), got {describe(x)}")
+    if not x.is_floating_point():
+        raise TypeError(f"apply_rotary rotates floating-point queries or keys, got dtype {x.dtype}; e.g. x.float()")
     L, d_k = x.shape[-2:]
     if d_k % 2 != 0:
         raise ValueError(f"apply_rotary needs an even d_k (features are rotated in pairs), got d_k={d_k}")
@@ -97,8 +86,7 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         raise TypeError(f"positions must be an integer tensor (L,), got {getattr(positions, 'dtype', positions)!r}")
     if positions.shape != (L,):
         raise ValueError(f"positions must have shape (L,) = ({L},), got {tuple(positions.shape)}")
-    if not base > 0:
-        raise ValueError(f"base must be positive, got {base}")
+    base = check_base(base)
 
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least float32
     half = d_k // 2

@@ -10,7 +10,6 @@ import torch
 from conftest import TOLERANCES
 from mha_lib import (EfficientMultiHeadAttention, KVCache, MultiHeadAttention, apply_rotary, causal_mask,
                      sliding_window_mask, split_heads)
-from mha_lib.inference import cached_mask
 
 D, H, L = 32, 4, 10
 SCHEDULES = {  # chunk sizes that add up to L
@@ -120,18 +119,34 @@ def test_a_sliding_window_mask_combines_with_the_cache(kind):
     torch.testing.assert_close(decode(module, x, sizes, masks=float_masks), expected)
 
 
-def test_cached_mask():
-    assert cached_mask(None, torch.Size([2, 4, 1, 7])) is None  # one new token sees everything
-    assert cached_mask(None, torch.Size([2, 4, 3, 5])).int().tolist() == [
-        [1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1],
-    ]
-    mask = torch.tensor([True, False, True, True, True])  # (Lk,): key 1 is padding
-    combined = cached_mask(mask, torch.Size([1, 1, 2, 5]))
-    assert combined.int().tolist() == [[1, 0, 1, 1, 0], [1, 0, 1, 1, 1]]
-    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast"):
-        cached_mask(torch.ones(3, 4, dtype=torch.bool), torch.Size([1, 1, 3, 5]))
+def test_extend_masks_the_new_queries():
+    """KVCache.extend: n new queries at T ... T + n - 1 see every cached key and, causally, the new ones."""
+    def kv(n):
+        return torch.zeros(2, 4, n, 8), torch.zeros(2, 4, n, 8)  # (B, H_kv, n, d_k)
+
+    cache = KVCache()
+    assert cache.extend(*kv(1))[2] is None  # one new token sees everything
+    cache.reset()
+    cache.extend(*kv(2))
+    keys, values, mask = cache.extend(*kv(3))
+    assert keys.shape == values.shape == (2, 4, 5, 8) and len(cache) == 5
+    assert mask.int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    padding = torch.tensor([True, False, True, True, True])  # (Lk,): key 1 is padding
+    cache.reset()
+    cache.extend(*kv(3))
+    assert cache.extend(*kv(2), padding)[2].int().tolist() == [[1, 0, 1, 1, 0], [1, 0, 1, 1, 1]]
+    bias = torch.zeros(5)
+    cache.reset()
+    cache.extend(*kv(3))
+    assert torch.isneginf(cache.extend(*kv(2), bias)[2]).int().tolist() == [[0, 0, 0, 0, 1], [0, 0, 0, 0, 0]]
+
+
+def test_a_mask_is_checked_against_the_cached_length():
+    mha, cache = MultiHeadAttention(D, H).eval(), KVCache()
+    x = torch.randn(1, 3, D)
+    mha(x, x, x, cache=cache)
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast .*\(1, 4, 3, 6\)"):
+        mha(x, x, x, torch.ones(3, 4, dtype=torch.bool), cache=cache)  # the keys are T + n = 6
 
 
 def test_nbytes_and_length_are_exact():

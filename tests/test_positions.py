@@ -166,8 +166,12 @@ def test_apply_rotary_refuses_bad_input():
         apply_rotary(torch.randn(4, 8), torch.arange(4.0))
     with pytest.raises(TypeError, match="integer tensor"):
         apply_rotary(torch.randn(4, 8), [0, 1, 2, 3])
-    with pytest.raises(ValueError, match="base must be positive"):
-        apply_rotary(torch.randn(4, 8), base=0.0)
+    for base in (0.0, 1.0, -5, float("inf"), float("nan"), True, "10000"):
+        with pytest.raises(ValueError, match="base must be a finite number above 1"):
+            apply_rotary(torch.randn(4, 8), base=base)
+    for dtype in (torch.int64, torch.bool):  # rotating integers would round the result away
+        with pytest.raises(TypeError, match="floating-point"):
+            apply_rotary(torch.zeros(4, 8, dtype=dtype))
 
 
 # ---------------------------------------------------------------- rotary=True in the modules

@@ -1,0 +1,159 @@
+"""Checks of tensors: the ``(B, L, d_model)`` inputs of a module, a decoding cache, and the
+inputs of :func:`~mha_lib.scaled_dot_product_attention`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .masks import check_mask, check_mask_kind
+from .sizes import check_dropout, check_flag
+
+if TYPE_CHECKING:
+    from ..inference import KVCache
+
+__all__ = ["check_attention_inputs", "check_cache", "check_forward", "check_qkv", "check_sequence", "same_tensor"]
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Under ``torch.autocast`` PyTorch mixes dtypes on purpose, so they are not checked there."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast doesn't know, e.g. "meta"
+        return False
+
+
+def _check_like(name: str, x: Tensor, weight: Tensor) -> None:
+    """``x`` must be on the device and of the dtype of the module's ``weight``."""
+    if x.device != weight.device:
+        raise ValueError(f"{name} is on {x.device} but the module's weights are on {weight.device}; move one to "
+                         f"the other, e.g. {name}.to({str(weight.device)!r}) or module.to({str(x.device)!r})")
+    if x.dtype != weight.dtype and not _autocast_on(x.device):
+        hint = (" (token ids? embed them first, e.g. with nn.Embedding)" if not x.is_floating_point()
+                else f" or module.to({x.dtype})")
+        raise TypeError(f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}; "
+                        f"convert one to the other: {name}.to({weight.dtype}){hint}")
+
+
+def check_sequence(x: Tensor, name: str, d_model: int, *, weight: Tensor | None = None) -> None:
+    """Raise a clear error unless ``x`` is a ``(B, L, d_model)`` tensor (of ``weight``'s dtype and device)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.size(-1) != d_model:
+        raise ValueError(f"{name} must have shape (B, L, d_model={d_model}), got {tuple(x.shape)}")
+    if weight is not None:
+        _check_like(name, x, weight)
+
+
+def check_qkv(
+    query: Tensor, key: Tensor, value: Tensor, d_model: int, *, weight: Tensor | None = None, mask: Tensor | None = None
+) -> None:
+    """Raise a clear error unless query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` fit.
+
+    Shared by the attention modules, so that they refuse bad input alike. With ``weight``
+    (one of the module's weights), the inputs must also have its dtype and device; ``mask``
+    is checked for its type, dtype and device (its shape is checked against the scores by
+    :func:`check_mask`).
+    """
+    checked: list[Tensor] = []
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not any(x is seen for seen in checked):  # self-attention passes one tensor: checked once
+            check_sequence(x, name, d_model, weight=weight)
+            checked.append(x)
+    if not query.size(0) == key.size(0) == value.size(0):
+        raise ValueError(f"query, key and value must have the same batch size, got "
+                         f"{query.size(0)}, {key.size(0)}, {value.size(0)}")
+    if key.size(1) != value.size(1):
+        raise ValueError(f"key and value must have the same length Lk, got {key.size(1)} and {value.size(1)}")
+    if mask is not None:
+        check_mask_kind(mask, query.device)
+
+
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same numbers in the same memory: the same object, or two
+    views with one start, shape and strides (``x[:, :3]`` taken twice). No data is read."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+                      and a.dtype == b.dtype and a.device == b.device)
+
+
+def check_cache(cache: KVCache | None, query: Tensor, key: Tensor, value: Tensor, owner: Any = None) -> int:
+    """The number ``T`` of positions already cached (0 without a cache); a clear error for misuse.
+
+    A cache serves self-attention (one tensor as query, key and value, recognised by its memory)
+    and one layer: ``owner``, the module that calls, must be the one that filled it.
+    """
+    if cache is None:
+        return 0
+    if not all(callable(getattr(cache, method, None)) for method in ("claim", "extend", "__len__")):
+        raise TypeError(f"cache must be a mha_lib.KVCache, got {type(cache).__name__}")
+    if not (same_tensor(query, key) and same_tensor(key, value)):
+        raise ValueError(
+            "a KVCache works for self-attention only: pass the same tensor as query, key and value "
+            "(cross-attention attends to a fixed memory, whose keys and values never grow)"
+        )
+    cache.claim(owner)
+    return len(cache)
+
+
+def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
+                  cache: KVCache | None, return_weights: object = False) -> int:
+    """Every check of a multi-head ``forward``, once, at the door; returns ``T`` (cached positions).
+
+    query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` of the module's dtype and
+    device; ``cache`` as :func:`check_cache` says; ``mask`` against the scores
+    ``(B, H, Lq, T + Lk)``. A float mask's values are read (a host sync) except while decoding.
+    """
+    check_qkv(query, key, value, module.d_model, weight=module.W_o.weight)
+    check_flag(return_weights, "return_weights")
+    past = check_cache(cache, query, key, value, owner=module)
+    if mask is not None:
+        scores = (query.size(0), module.num_heads, query.size(1), past + key.size(1))  # (B, H, Lq, T + Lk)
+        check_mask(mask, torch.Size(scores), query.device, values=cache is None)
+    return past
+
+
+def check_attention_inputs(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: object = 0.0
+) -> float:
+    """The checks of :func:`~mha_lib.scaled_dot_product_attention`; returns ``dropout_p`` as a float.
+
+    query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, value ``(..., Lk, d_v)``: floating point,
+    one dtype (except under ``torch.autocast``) and one device, ``d_k >= 1``, and leading
+    dimensions that broadcast; ``mask`` as :func:`check_mask` says, on the scores' shape.
+    """
+    tensors = (("query", query), ("key", key), ("value", value))
+    for name, x in tensors:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    q, k, v = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
+        raise ValueError(f"query, key and value need at least 2 dimensions (..., L, d); got {q}, {k}, {v}")
+    if not query.dim() == key.dim() == value.dim():
+        raise ValueError(f"query, key and value must have the same number of dimensions, got {q}, {k}, {v}: "
+                         "with fewer, a key's batch axis would line up with the query's head axis; "
+                         "add the missing axes, e.g. key[:, None] for (B, 1, Lk, d_k)")
+    for name, x in tensors:
+        if not x.is_floating_point():
+            raise TypeError(f"{name} has dtype {x.dtype}; attention needs floating-point vectors, e.g. {name}.float()")
+        if x.device != query.device:
+            raise ValueError(f"query is on {query.device} but {name} is on {x.device}; move them to one device")
+        if x.dtype != query.dtype and not _autocast_on(query.device):
+            raise TypeError(f"query has dtype {query.dtype} but {name} has {x.dtype}; convert them to one dtype, "
+                            f"e.g. {name}.to({query.dtype})")
+    if query.size(-1) != key.size(-1):
+        raise ValueError(f"query and key must share their last dimension d_k; got query {q} and key {k}")
+    if query.size(-1) == 0:
+        raise ValueError(f"query and key have d_k = 0 features, got {q}: the scores would be 0 / sqrt(0) = NaN")
+    if key.size(-2) != value.size(-2):
+        raise ValueError(f"key and value must have the same length Lk; got key {k} and value {v}")
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the leading (batch, head) dimensions of query {q}, key {k} and value {v} don't broadcast: "
+                         "each must be equal or 1, aligned from the right") from None
+    if mask is not None:
+        scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
+        check_mask(mask, scores_shape, query.device)  # scores (..., Lq, Lk)
+    return check_dropout(dropout_p, "dropout_p")
