@@ -1,24 +1,23 @@
 """Boolean attention masks: ``True`` = may attend, ``False`` = blocked.
 
-Both are shaped to broadcast against the multi-head scores ``(B, H, Lq, Lk)``:
-``causal_mask(L)`` is ``(L, L)``, one pattern for every sequence and head, and
-``padding_mask(lengths)`` is ``(B, 1, 1, Lk)``, each sequence's real keys for all of
-its heads and queries. For one head's scores ``(B, Lq, Lk)`` (``AttentionHead``, or
+Each is shaped to broadcast against the multi-head scores ``(B, H, Lq, Lk)``:
+``causal_mask(L)`` and ``sliding_window_mask(L, W)`` are ``(L, L)``, one pattern for every
+sequence and head, and ``padding_mask(lengths)`` is ``(B, 1, 1, Lk)``, each sequence's real
+keys for all of its heads and queries. For one head's scores ``(B, Lq, Lk)`` (``AttentionHead``, or
 :func:`~mha_lib.scaled_dot_product_attention` on 3-D inputs) use
 ``padding_mask(lengths)[:, 0]``, ``(B, 1, Lk)``. Combine them with ``&``.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from .validation import check_positive_int
+from .validation import check_device, check_positive_int, check_whole
 
-__all__ = ["causal_mask", "padding_mask"]
+__all__ = ["causal_mask", "padding_mask", "sliding_window_mask"]
 
 
 def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tensor:
@@ -27,7 +26,7 @@ def causal_mask(seq_len: int, device: torch.device | str | None = None) -> Tenso
     Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key. It broadcasts
     over every leading dimension of the scores: ``(B, L, L)`` or ``(B, H, L, L)``.
     """
-    seq_len = check_positive_int(seq_len, "seq_len")
+    seq_len, device = check_positive_int(seq_len, "seq_len"), check_device(device)
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
@@ -45,7 +44,11 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
         head's scores ``(B, Lq, Lk)`` take ``padding_mask(lengths)[:, 0]``, ``(B, 1, Lk)``.
         Never pass it as a 2-D ``(B, Lk)`` mask: a 2-D mask is read as ``(Lq, Lk)``.
     """
-    lengths = torch.as_tensor(lengths)
+    try:
+        lengths = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):  # None, a string, a set, a list of strings...
+        raise TypeError(f"lengths must be a 1-D tensor or list of ints, the true length of each sequence, "
+                        f"e.g. [3, 5]; got {lengths!r} (a {type(lengths).__name__})") from None
     if lengths.dim() != 1 or lengths.numel() == 0:
         raise ValueError(f"lengths must be a non-empty 1-D sequence, got shape {tuple(lengths.shape)}")
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
@@ -55,10 +58,8 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
     longest = int(lengths.max())
     if max_len is None:
         max_len = longest
-    elif isinstance(max_len, bool) or not hasattr(max_len, "__index__"):
-        raise ValueError(f"max_len must be an int, the padded length Lk, got {max_len!r} (a {type(max_len).__name__})")
     else:
-        max_len = operator.index(max_len)  # an int, a NumPy int, or a 0-d tensor such as lengths.max()
+        max_len = check_whole(max_len, "max_len")  # an int, a NumPy int, or a 0-d tensor such as lengths.max()
         if max_len < longest:
             raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
     positions = torch.arange(max_len, device=lengths.device)  # (Lk,)
@@ -76,13 +77,9 @@ def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | 
 
     Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int (the number of keys each query sees), got {window!r}")
+    seq_len = check_positive_int(seq_len, "seq_len")
+    window = check_positive_int(window, "window")  # the number of keys each query sees
+    device = check_device(device)
     i = torch.arange(seq_len, device=device)[:, None]  # (L, 1) queries
     j = torch.arange(seq_len, device=device)[None, :]  # (1, L) keys
     return (i - j >= 0) & (i - j < window)  # (L, L)
-
-
-__all__ += ["sliding_window_mask"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .validation import check_flag
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -14,9 +18,41 @@ __all__ = ["plot_attention"]
 
 
 def _to_numpy(weights: Any) -> np.ndarray:
+    """The weights as a float array; a TypeError for what holds no numbers to draw."""
     if hasattr(weights, "detach"):  # a torch tensor, on any device
+        if weights.is_complex():
+            raise TypeError(f"weights must be real, got a {weights.dtype} tensor")
         weights = weights.detach().float().cpu().numpy()
-    return np.asarray(weights, dtype=float)
+    if weights is None or isinstance(weights, str) or np.iscomplexobj(weights):
+        raise TypeError(f"weights must be a tensor or array of attention weights, got {type(weights).__name__}")
+    try:
+        return np.asarray(weights, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"weights must be a tensor or array of attention weights (numbers), "
+                        f"got {type(weights).__name__}") from None
+
+
+def _labels(labels: Any, name: str, n: int, what: str) -> Sequence[Any] | None:
+    """``labels`` as a sequence of ``n`` entries, one per ``what``, or None; else a clear error."""
+    if labels is None:
+        return None
+    if not hasattr(labels, "__len__"):
+        try:
+            labels = list(labels)  # an iterator or a generator of labels
+        except TypeError:
+            raise TypeError(f"{name} must be a list of {n} labels for the {what}, "
+                            f"got {labels!r} (a {type(labels).__name__})") from None
+    if len(labels) != n:
+        hint = "; a string counts its characters, for words pass text.split()" if isinstance(labels, str) else ""
+        raise ValueError(f"{name} has {len(labels)} labels but the weights have {n} {what}{hint}")
+    return labels
+
+
+def _positive(value: Any, name: str) -> float:
+    """A finite number > 0, for sizes and scales."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
+    return float(value)
 
 
 def plot_attention(
@@ -56,26 +92,25 @@ def plot_attention(
     import matplotlib.pyplot as plt
 
     w = _to_numpy(weights)
+    if w.size == 0:
+        raise ValueError(f"weights has no entries to draw, got shape {w.shape}: every size must be at least 1")
     if w.ndim == 2:
         w = w[None]
     if w.ndim != 3:
         hint = " pick one sequence of the batch first, e.g. weights[0]" if w.ndim == 4 else ""
         raise ValueError(f"weights must be (Lq, Lk) or (H, Lq, Lk), got shape {w.shape};{hint}")
     H, Lq, Lk = w.shape
+    query_labels = _labels(query_labels, "query_labels", Lq, "rows (queries)")
     if key_labels is None and query_labels is not None and Lq == Lk:
         key_labels = query_labels
-    for name, labels, n, axis in (("query_labels", query_labels, Lq, "rows (queries)"),
-                                  ("key_labels", key_labels, Lk, "columns (keys)")):
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"{name} has {len(labels)} labels but the weights have {n} {axis}")
+    key_labels = _labels(key_labels, "key_labels", Lk, "columns (keys)")
     if head_titles is None:
         head_titles = [f"head {h}" for h in range(H)] if H > 1 else [""]
-    elif len(head_titles) != H:
-        raise ValueError(f"head_titles has {len(head_titles)} titles for {H} heads")
-    if annotate is None:
-        annotate = Lq <= 8 and Lk <= 8
-    top = float(np.nanmax(w)) if vmax is None else vmax
-    top = top if top > 0 else 1.0
+    head_titles = _labels(head_titles, "head_titles", H, "heads")
+    annotate = Lq <= 8 and Lk <= 8 if annotate is None else check_flag(annotate, "annotate")
+    panel_size = _positive(panel_size, "panel_size")
+    top = float(np.nanmax(w)) if vmax is None else _positive(vmax, "vmax")
+    top = top if top > 0 else 1.0  # all zeros (or NaN): any scale will do
 
     height = panel_size * max(Lq / max(Lk, 1), 0.4)
     fig, axes = plt.subplots(1, H, figsize=(panel_size * H + 1.0, height + 0.8), squeeze=False,

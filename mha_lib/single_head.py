@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
-from .validation import check_positive_int, check_qkv
+from .validation import check_flag, check_positive_int, check_qkv
 
 __all__ = ["AttentionHead"]
 
@@ -35,6 +35,7 @@ class AttentionHead(nn.Module):
         super().__init__()
         d_model, d_k = check_positive_int(d_model, "d_model"), check_positive_int(d_k, "d_k")
         d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
+        bias = check_flag(bias, "bias")  # bias="no" would count as true
         self.d_model = d_model
         self.d_k = d_k
         self.d_v = d_v

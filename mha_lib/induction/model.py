@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..masks import causal_mask
 from ..multi_head import MultiHeadAttention
 from ..positions import sinusoidal_positions
-from ..validation import check_positive_int
+from ..validation import check_heads, check_positive_int
 
 __all__ = ["POSITIONS", "AttentionOnlyTransformer", "HeadRef"]
 
@@ -61,6 +61,7 @@ class AttentionOnlyTransformer(nn.Module):
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.max_len = check_positive_int(max_len, "max_len")
         num_layers = check_positive_int(num_layers, "num_layers")
+        d_model, num_heads, _ = check_heads(d_model, num_heads)  # before the embeddings are made
         if positions not in POSITIONS:
             why = (" A model without positions can't find the token before another one, which induction needs."
                    if positions is None else "")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..validation import check_positive_int, check_whole
+
 __all__ = [
     "MAX_SENTENCES",
     "NEGATION",
@@ -123,6 +125,18 @@ def _draw_example(rng: random.Random) -> Example:
     )
 
 
+def check_examples(examples: object, name: str) -> None:
+    """A clear error unless ``examples`` is a non-empty list of :class:`Example` s (labelled sentences)."""
+    if isinstance(examples, (str, Example)) or not isinstance(examples, Sequence):
+        raise TypeError(f"{name} must be a list of Examples (from make_datasets), got {type(examples).__name__}")
+    if not examples:
+        raise ValueError(f"{name} needs at least one example")
+    wrong = next((e for e in examples if not isinstance(e, Example)), None)
+    if wrong is not None:
+        raise TypeError(f"{name} must hold Examples, which carry their labels (from make_datasets), got a "
+                        f"{type(wrong).__name__}: {wrong!r}; predict takes plain sentences")
+
+
 def make_datasets(n_train: int = 2000, n_test: int = 500, seed: int = 0) -> tuple[list[Example], list[Example]]:
     """Draw ``n_train + n_test`` *different* sentences; the first ``n_train`` are for training.
 
@@ -131,8 +145,9 @@ def make_datasets(n_train: int = 2000, n_test: int = 500, seed: int = 0) -> tupl
     The templates allow far more than ``MAX_SENTENCES = 100_000`` sentences, the most
     one call may ask for.
     """
+    n_train, n_test, seed = check_whole(n_train, "n_train"), check_whole(n_test, "n_test"), check_whole(seed, "seed")
     for name, n in (("n_train", n_train), ("n_test", n_test)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if n < 0:
             raise ValueError(f"{name} must be a non-negative int, got {n!r}")
     if n_train + n_test > MAX_SENTENCES:
         raise ValueError(f"n_train + n_test = {n_train + n_test} is more than MAX_SENTENCES = {MAX_SENTENCES}")
@@ -154,6 +169,8 @@ class Vocab:
     pad_id, unk_id, cls_id = 0, 1, 2
 
     def __init__(self, words: Iterable[str]) -> None:
+        if isinstance(words, str) or not isinstance(words, Iterable):
+            raise TypeError(f"words must be a list of words, got {type(words).__name__}; for a text use tokenize(text)")
         specials = [self.pad, self.unk, self.cls]
         self.itos = specials + sorted(set(words) - set(specials))
         self.stoi = {word: i for i, word in enumerate(self.itos)}
@@ -173,12 +190,20 @@ class Vocab:
         """Tokens (or a sentence, which is tokenized first) to ids; unknown words -> ``<unk>``."""
         if isinstance(tokens, str):
             tokens = tokenize(tokens)
+        if not isinstance(tokens, Sequence):
+            raise TypeError(f"tokens must be a sentence or a list of words, got {type(tokens).__name__}")
         return [self.stoi.get(token, self.unk_id) for token in tokens]
 
     def decode(self, ids: Iterable[int] | Tensor) -> list[str]:
         """Ids to tokens, dropping the padding."""
         if isinstance(ids, Tensor):
             ids = ids.tolist()
+        if not isinstance(ids, Iterable):
+            raise TypeError(f"ids must be a list or 1-D tensor of token ids, got {type(ids).__name__}")
+        ids = list(ids)
+        bad = [i for i in ids if not 0 <= i < len(self)]  # a negative id would silently count from the end
+        if bad:
+            raise ValueError(f"ids must be token ids in [0, {len(self)}), got {bad[:5]}")
         return [self.itos[i] for i in ids if i != self.pad_id]
 
 
@@ -191,14 +216,21 @@ def batch_examples(sentences: Sequence[Sentence], vocab: Vocab, max_len: int | N
     Accepts :class:`Example` s, token lists or plain strings. ``L`` is one more than the
     longest sentence (or ``max_len``). Word ``i`` of a sentence sits at position ``i + 1``.
     """
+    if isinstance(sentences, (str, Example)) or not isinstance(sentences, Iterable):
+        raise TypeError(f"sentences must be a list of sentences, got {type(sentences).__name__}; "
+                        "for one sentence pass [sentence]")
+    if not isinstance(vocab, Vocab):
+        raise TypeError(f"vocab must be a Vocab, e.g. Vocab.for_task(), got {type(vocab).__name__}")
     ids = []
     for item in sentences:
         tokens = item.tokens if isinstance(item, Example) else item
+        if not isinstance(tokens, (str, Sequence)) or not all(isinstance(t, str) for t in tokens):
+            raise TypeError(f"each sentence must be an Example, a string or a list of words, got {item!r}")
         ids.append([vocab.cls_id, *vocab.encode(tokens)])
     if not ids:
         raise ValueError("batch_examples needs at least one sentence")
     longest = max(len(seq) for seq in ids)
-    max_len = longest if max_len is None else max_len
+    max_len = longest if max_len is None else check_positive_int(max_len, "max_len")
     if max_len < longest:
         raise ValueError(f"max_len={max_len} is too short for the longest sentence (<cls> + {longest - 1} words)")
     batch = torch.full((len(ids), max_len), vocab.pad_id, dtype=torch.long)

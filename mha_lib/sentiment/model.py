@@ -14,6 +14,7 @@ with ``torch.set_num_threads(1)``, as chapter 07 and the seed study do.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -21,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..validation import check_mask
 from ..encoder import EncoderLayer
-from .data import Example, Sentence, Vocab, batch_examples
+from ..validation import check_heads, check_mask, check_positive_int, check_whole
+from .data import Example, Sentence, Vocab, batch_examples, check_examples
 
 __all__ = ["MaskLike", "SentimentClassifier", "evaluate", "predict", "train_model"]
 
@@ -31,6 +32,27 @@ __all__ = ["MaskLike", "SentimentClassifier", "evaluate", "predict", "train_mode
 MaskLike = Tensor | Callable[[Tensor], Tensor] | None
 
 _ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding accepts
+
+
+def _token_id(value: object, name: str, vocab_size: int) -> int:
+    """A token id of the vocabulary, ``0 <= id < vocab_size``."""
+    token = check_whole(value, name)
+    if not 0 <= token < vocab_size:
+        raise ValueError(f"{name} must be a token id in [0, vocab_size={vocab_size}), got {token}")
+    return token
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a SentimentClassifier, got {type(model).__name__}")
+
+
+def _check_rate(value: object, name: str, *, zero: bool = False) -> float:
+    """A finite number > 0 (or >= 0 with ``zero``), such as a learning rate."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not (value > 0 or (zero and value == 0)):
+        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'}, finite number, got {value!r}")
+    return float(value)
 
 
 class SentimentClassifier(nn.Module):
@@ -64,7 +86,14 @@ class SentimentClassifier(nn.Module):
         cls_id: int = Vocab.cls_id,
     ) -> None:
         super().__init__()
-        self.pad_id, self.cls_id = pad_id, cls_id
+        vocab_size, max_len = check_positive_int(vocab_size, "vocab_size"), check_positive_int(max_len, "max_len")
+        num_layers = check_positive_int(num_layers, "num_layers")  # with none, <cls> never sees the words
+        d_model, num_heads, _ = check_heads(d_model, num_heads, dropout)  # before the embeddings are made
+        check_positive_int(d_ff, "d_ff")
+        self.pad_id, self.cls_id = _token_id(pad_id, "pad_id", vocab_size), _token_id(cls_id, "cls_id", vocab_size)
+        if self.pad_id == self.cls_id:
+            raise ValueError(f"pad_id and cls_id must differ, both are {pad_id}: nobody may attend to <pad>, "
+                             "but every query may attend to <cls>")
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.num_heads = num_heads
@@ -150,6 +179,7 @@ def predict(model: SentimentClassifier, sentences: Sequence[Sentence], vocab: Vo
     ``mask``: an extra attention mask for the model, or a function ``tokens (N, L) -> mask``.
     The model's training/evaluation mode is restored afterwards.
     """
+    _check_model(model)
     was_training = model.training
     model.eval()
     try:
@@ -167,8 +197,8 @@ def evaluate(
 
     A group that ``examples`` doesn't contain gets NaN.
     """
-    if not examples:
-        raise ValueError("evaluate needs at least one example")
+    _check_model(model)
+    check_examples(examples, "examples")
     correct = predict(model, examples, vocab, mask) == torch.tensor([e.label for e in examples])
     negated = torch.tensor([e.negated for e in examples])
     return {
@@ -208,10 +238,15 @@ def train_model(
         (accuracy on the training batches while training); when ``test`` is given also
         ``"test_negated"`` and ``"test_plain"`` (held-out accuracy after the epoch).
     """
-    if not train:
-        raise ValueError("train_model needs at least one training example")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    _check_model(model)
+    check_examples(train, "train")
+    if test is not None:
+        check_examples(test, "test")
+    epochs, batch_size = check_positive_int(epochs, "epochs"), check_positive_int(batch_size, "batch_size")
+    seed, reports = check_whole(seed, "seed"), check_whole(reports, "reports")
+    if reports < 0:
+        raise ValueError(f"reports must be >= 0 (0 prints nothing), got {reports}")
+    lr, weight_decay = _check_rate(lr, "lr"), _check_rate(weight_decay, "weight_decay", zero=True)
     device = device_of(model)
     tokens = batch_examples(train, vocab).to(device)  # (N, L)
     labels = torch.tensor([e.label for e in train], device=device)  # (N,)

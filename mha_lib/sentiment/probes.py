@@ -22,7 +22,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .data import Example, Vocab, batch_examples
+from ..validation import check_whole
+from .data import Example, Vocab, batch_examples, check_examples
 from .model import SentimentClassifier, device_of
 
 __all__ = [
@@ -71,8 +72,12 @@ def attention_shares(
     """
     if query not in ROLES[:3]:
         raise ValueError(f"query must be one of {ROLES[:3]}, got {query!r}")
-    if not examples:
-        raise ValueError("attention_shares needs at least one example")
+    if not isinstance(model, SentimentClassifier):
+        raise TypeError(f"model must be a SentimentClassifier, got {type(model).__name__}")
+    check_examples(examples, "examples")
+    layer, num_layers = check_whole(layer, "layer"), len(model.layers)
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be in [0, {num_layers}), the model's encoder layers, got {layer}")
     if query == "not" and not all(e.negated for e in examples):
         raise ValueError('query="not" needs negated examples only')
     was_training = model.training
