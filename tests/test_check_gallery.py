@@ -21,7 +21,7 @@ import mha_lib
 from mha_lib import checks
 from mha_lib.checks import _reference
 
-from test_checks import MHA, MHAWithLibrary, expect_fail, expect_pass, halves_right, sdpa, sdpa_safe_where
+from conftest import MHA, MHAWithLibrary, expect_fail, expect_pass, halves_right, sdpa, sdpa_safe_where
 
 
 # ------------------------------------------------------------------ 1.1 and 1.4: dtype, gradients

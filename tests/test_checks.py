@@ -17,22 +17,11 @@ from torch import nn
 
 import mha_lib
 from mha_lib import checks
-from conftest import expect_fail, expect_pass
+from conftest import MHA, MHAWithLibrary, expect_fail, expect_pass, halves_right, sdpa, sdpa_safe_where
 from mha_lib.checks import CheckResult
 
 
 # ------------------------------------------------------------------ attention
-
-
-def sdpa(q, k, v, mask=None, *, scale=None, dim=-1, mask_after=False, invert=False, values=True):
-    """A learner-style implementation with switches for the classic mistakes."""
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if scale is None else scale(q, k, v))
-    if mask is not None and not mask_after:
-        scores = scores.masked_fill(mask if invert else ~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=dim)
-    if mask is not None and mask_after:
-        weights = weights.masked_fill(~mask, 0.0)
-    return (weights @ v if values else weights @ k), weights
 
 
 def sdpa_einsum(query, key, value, mask=None):
@@ -46,15 +35,6 @@ def sdpa_einsum(query, key, value, mask=None):
 def sdpa_safe(q, k, v, mask=None):
     out, weights = sdpa(q, k, v, mask)
     weights = torch.nan_to_num(weights, nan=0.0)
-    return weights @ v, weights
-
-
-def sdpa_safe_where(q, k, v, mask=None):
-    scores = q @ k.mT / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    empty = torch.isneginf(scores).all(-1, keepdim=True)
-    weights = torch.where(empty, 0.0, torch.softmax(scores.masked_fill(empty, 0.0), -1))
     return weights @ v, weights
 
 
@@ -310,53 +290,6 @@ def test_combine_check_names_each_mistake():
         lambda x: x.transpose(1, 2).view(x.size(0), x.size(2), -1)), "view() needs a contiguous tensor", status="error")
 
 
-class MHA(nn.Module):
-    """A learner-style module, with switches for the classic mistakes."""
-
-    def __init__(self, d_model, num_heads, *, scale="d_k", transpose=True, out_proj=True, book_bug=False):
-        super().__init__()
-        if d_model % num_heads:
-            raise ValueError(f"{d_model} is not divisible by {num_heads}")
-        self.h, self.d_k = num_heads, d_model // num_heads
-        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
-        self.scale, self.transpose, self.out_proj, self.book_bug = scale, transpose, out_proj, book_bug
-
-    def forward(self, query, key, value, mask=None):
-        B = query.size(0)
-
-        def split(x, size):
-            if not self.transpose:
-                return x.reshape(B, self.h, -1, size)
-            return x.view(B, -1, self.h, size).transpose(1, 2)
-
-        q, k = split(self.W_q(query), self.d_k), split(self.W_k(key), self.d_k)
-        v = split(self.W_v(value), self.d_v if self.book_bug else self.d_k)
-        d = {"d_k": self.d_k, "d_model": self.h * self.d_k}[self.scale]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
-        if mask is not None:
-            scores = scores.masked_fill(mask == 0, -1e9)
-        heads = scores.softmax(-1) @ v
-        concat = heads.transpose(1, 2).contiguous().view(B, -1, self.h * self.d_k) if self.transpose \
-            else heads.reshape(B, -1, self.h * self.d_k)
-        return self.W_o(concat) if self.out_proj else concat
-
-
-class MHAWithLibrary(nn.Module):
-    """Right, written differently: mha_lib's building blocks, returning (output, weights)."""
-
-    def __init__(self, d_model, num_heads):
-        super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError("d_model must be divisible by num_heads")
-        self.h = num_heads
-        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, query, key, value, mask=None):
-        q, k, v = (mha_lib.split_heads(f(x), self.h) for f, x in ((self.W_q, query), (self.W_k, key), (self.W_v, value)))
-        heads, weights = mha_lib.scaled_dot_product_attention(q, k, v, mask)
-        return self.W_o(mha_lib.combine_heads(heads)), weights
-
-
 def test_mha_check_passes_right_answers():
     expect_pass(checks.check_multi_head_attention(MHA))
     expect_pass(checks.check_multi_head_attention(MHAWithLibrary))
@@ -569,13 +502,6 @@ def test_every_check_survives_garbage(check):
 
 
 # ------------------------------------------------------------------ chapter 11
-
-
-def halves_right(L):
-    mask = torch.zeros(2, L, L, dtype=torch.bool)
-    mask[0, :, : L // 2] = True
-    mask[1, :, L // 2 :] = True
-    return mask
 
 
 def halves_arange(L):
