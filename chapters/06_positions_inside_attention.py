@@ -20,10 +20,11 @@
 # bit the dog". Shuffle the tokens and every output shuffles with them, nothing more. A model
 # learns word order only if positions are put in from outside; chapter 02 added random vectors
 # to show that this breaks the symmetry, and left open which vectors real models use. This
-# chapter shows the two ways that are used: **added** positions, a vector per position summed into the
-# embeddings before the first layer (the original transformer, and chapter 07's sentiment model),
-# and **rotary** positions (RoPE), which rotate every head's queries and keys inside every layer,
-# the choice of LLaMA, Mistral, Qwen and most open language models today.
+# chapter shows the three ways that are used: **added** positions, a vector per position summed
+# into the embeddings before the first layer (the original transformer, and chapter 07's
+# sentiment model); **rotary** positions (RoPE), which rotate every head's queries and keys
+# inside every layer, the choice of LLaMA, Mistral, Qwen and most open language models today;
+# and a **bias on the scores** that depends on the offset (T5; ALiBi in BLOOM and MPT).
 #
 # **By the end of this chapter you will be able to**
 #
@@ -35,12 +36,19 @@
 #   `mha_lib.apply_rotary`, and name the pairing convention it uses;
 # - prove, numerically, that a rotary score depends only on the offset `i - j`, that shifting
 #   every position by the same amount changes nothing, and say why the values are never rotated;
-# - use `MultiHeadAttention(..., rotary=True)` and say what it does differently.
+# - use `MultiHeadAttention(..., rotary=True)` and say what it does differently;
+# - add a position bias to the scores (ALiBi's slopes, T5's buckets) as a float mask, and say
+#   what RoPE's base is and what stretching positions does to a longer context.
 #
 # *Sources.* Sinusoidal positions: Vaswani et al., "Attention Is All You Need" (2017),
 # section 3.5. Rotary positions: J. Su et al., "RoFormer: Enhanced Transformer with Rotary
 # Position Embedding" (2021). The half-split pairing is the one of GPT-NeoX and of the
-# Hugging Face implementations of LLaMA and Mistral (`rotate_half`).
+# Hugging Face implementations of LLaMA and Mistral (`rotate_half`). Position biases: O. Press
+# et al., "Train Short, Test Long: Attention with Linear Biases" (ALiBi, 2022); C. Raffel et al.,
+# "Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer" (T5,
+# 2020). Longer contexts: S. Chen et al., "Extending Context Window of Large Language Models via
+# Positional Interpolation" (2023); B. Peng et al., "YaRN" (2023). No positions: A. Kazemnejad
+# et al., "The Impact of Positional Encoding on Length Generalization in Transformers" (2023).
 
 # %% [markdown]
 # ## Set-up
@@ -417,6 +425,114 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 # Chapter 10 passes `positions = arange(T, T + n)` for that.
 
 # %% [markdown]
+# ## 7. Positions as a bias on the scores: ALiBi and T5
+#
+# The third way leaves the queries, keys and embeddings alone and **adds a number to each score**
+# that depends on the offset `i - j`: exactly a float mask, one `(L, L)` pattern per head, which
+# the course's modules already take (chapter 04). Two recipes:
+#
+# - **ALiBi** (BLOOM, MPT): `bias[h, i, j] = -m_h · |i - j|`, a penalty that grows with the
+#   distance, with a fixed slope per head from the geometric sequence `2^(-8/H), 2^(-16/H), …`:
+#   some heads look far, others near. Nothing is learned.
+# - **T5**: offsets are sorted into 32 buckets, one per small offset and logarithmically wider
+#   ones further away, and each head *learns* one number per bucket.
+#
+# `mha_lib.alibi_bias(H, L)` and `mha_lib.relative_position_buckets(L)` build them:
+
+# %%
+from mha_lib import alibi_bias, relative_position_buckets
+
+L_bias = 10
+alibi = alibi_bias(H, L_bias)  # (H, L, L) float
+print("ALiBi slopes per head:", [f"{m:.4f}" for m in (-alibi[:, 1, 0]).tolist()])
+torch.manual_seed(0)
+buckets = relative_position_buckets(L_bias)  # (L, L) int: bucket of the offset j - i
+t5_table = nn.Embedding(32, H)  # one learned scalar per bucket and head (random here)
+t5_bias = t5_table(buckets).permute(2, 0, 1).detach()  # (H, L, L) float
+print("T5 buckets, query 9, keys 0..9:", buckets[9].tolist())
+for name, bias in (("ALiBi", alibi), ("T5", t5_bias)):
+    assert torch.equal(bias[:, 1:, 1:], bias[:, :-1, :-1])  # constant along every diagonal
+    print(f"{name:5s} bias {tuple(bias.shape)}: depends on i - j only (constant diagonals)")
+
+# %% [markdown]
+# What does the bias do on its own? Where the queries and keys give every key the same score,
+# the weights are the softmax of the bias alone. With a causal mask, as in the decoders that
+# use ALiBi (`-inf` above the diagonal, the penalty below), each head's slope sets how fast its
+# weight falls off with the distance:
+
+# %%
+causal = torch.ones(L_bias, L_bias, dtype=torch.bool).tril()
+causal_alibi = alibi.masked_fill(~causal, float("-inf"))  # (H, L, L): a float mask for any module
+bias_only = torch.softmax(causal_alibi, dim=-1)  # the weights when all scores are equal
+fig, axes = plt.subplots(1, H, figsize=(3 * H, 3))
+for h, ax in enumerate(axes):
+    ax.imshow(bias_only[h], cmap="Blues", vmin=0, vmax=1)
+    ax.set_title(f"head {h}: slope {-alibi[h, 1, 0].item():.4f}", fontsize=9)
+    ax.set_xlabel("key j")
+axes[0].set_ylabel("query i")
+fig.suptitle("ALiBi alone, causal: the steeper the slope, the nearer the weight")
+plt.tight_layout()
+plt.show()
+own = bias_only[:, -1, -1]  # the last query's weight on itself
+print("last query's weight on itself, per head:", [f"{w:.2f}" for w in own.tolist()])
+assert torch.all(own[:-1] > own[1:])  # falls with the slope, head by head
+x_bias = torch.randn(1, L_bias, d_model).to(device)  # (B, L, d_model)
+with torch.no_grad():  # the modules take the bias as it is, as a per-head float mask
+    out_alibi = MultiHeadAttention(d_model, H).to(device).eval()(x_bias, x_bias, x_bias, causal_alibi.to(device))
+print("MultiHeadAttention with the ALiBi mask:", tuple(x_bias.shape), "->", tuple(out_alibi.shape))
+
+# %% [markdown]
+# A trained model learns queries and keys that add their own preferences on top of these fixed
+# slopes.
+#
+# A fourth answer is **no positions at all** (NoPE): a causal decoder can infer positions from
+# the mask alone, since token `i` sees exactly `i + 1` tokens, and Kazemnejad et al. (2023)
+# found such models to generalise to longer inputs about as well as those with positions. An
+# encoder, whose tokens all see each other, has no such cue.
+#
+# ## 8. RoPE's base, and longer contexts
+#
+# RoPE's angles are `m · θ_i` with `θ_i = base^(-2i/d_k)`: the base (10 000 in the paper; 500 000
+# in LLaMA 3) sets the slowest frequency, `base^(-(d_k-2)/d_k)`, and so the distance over which
+# the slowest pair has not yet turned once. A model trained on 4096 tokens has seen the slow
+# pairs' angles only up to `4096 · θ_i`; at 16 384 tokens they reach angles it never saw.
+# **Position interpolation** divides the positions by the stretch factor `s` (here 4), so a
+# longer text reuses the trained range of angles, squeezed; **NTK-aware scaling** raises the base
+# instead, to `base · s^(d_k/(d_k-2))`, which leaves the fast pairs (fine local order) nearly as
+# they were and stretches the slow ones; YaRN (Peng et al., 2023) blends the two per frequency.
+
+# %%
+d_rope, trained, stretch = 128, 4096, 4
+pairs = torch.arange(d_rope // 2, dtype=torch.float64)
+theta = 10000.0 ** (-2 * pairs / d_rope)  # (64,)
+theta_ntk = (10000.0 * stretch ** (d_rope / (d_rope - 2))) ** (-2 * pairs / d_rope)
+longest = trained * stretch
+reach = {"trained, 4096 tokens": trained * theta, "no change, 16 384 tokens": longest * theta,
+         "interpolated positions": longest / stretch * theta, "NTK-aware base": longest * theta_ntk}
+fig, ax = plt.subplots(figsize=(8, 3.6))
+for (name, angle), style in zip(reach.items(), ("k-", "r--", "b:", "g-.")):
+    ax.plot(pairs, angle, style, label=name)
+ax.set(yscale="log", xlabel="pair i (fast to slow)", ylabel="largest angle m·θ_i (radians)",
+       title="The angles a longer context reaches, and two ways to keep them in range")
+ax.axhline(2 * math.pi, color="grey", lw=0.5)
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+assert torch.allclose(reach["interpolated positions"], reach["trained, 4096 tokens"])
+slowest = d_rope // 2 - 1
+print(f"slowest pair: {reach['trained, 4096 tokens'][slowest]:.3f} rad trained, "
+      f"{reach['no change, 16 384 tokens'][slowest]:.3f} unchanged, {reach['NTK-aware base'][slowest]:.3f} with NTK")
+print(f"fastest pair with NTK / unchanged: {theta_ntk[0] / theta[0]:.2f} (untouched); "
+      f"slowest: {theta_ntk[slowest] / theta[slowest]:.2f} (= 1/{stretch})")
+assert abs(theta_ntk[slowest] * stretch - theta[slowest]) < 1e-12
+
+# %% [markdown]
+# Interpolation keeps every angle in the trained range but squeezes neighbouring positions
+# closer (a model needs a little fine-tuning to read them apart); NTK-aware scaling keeps the
+# fastest pair exactly and brings the slowest pair back into range. Both change only `θ` and
+# the positions, never the weights.
+
+# %% [markdown]
 # ## Recap
 #
 # - Self-attention is **permutation-equivariant**: `MHA(P x) = P MHA(x)`. Order has to be put
@@ -433,6 +549,12 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 #   reordered features, but weights do not carry over between them.
 # - `MultiHeadAttention(d_model, H, rotary=True)` (and the efficient module) apply it after
 #   `split_heads`.
+# - **A bias on the scores**: ALiBi (`-m_h · |i - j|`, fixed slopes per head) and T5 (a
+#   learned number per head and offset bucket) are float masks `(H, L, L)`
+#   (`mha_lib.alibi_bias`, `mha_lib.relative_position_buckets`); a causal decoder can also do
+#   without positions (NoPE).
+# - RoPE's **base** sets its slowest frequency; position interpolation and NTK-aware scaling
+#   keep a longer context's angles in the trained range.
 #
 # ## Exercises
 #

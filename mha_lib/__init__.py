@@ -6,7 +6,8 @@ Each chapter derives a piece and the next chapters import it from here:
 - :func:`causal_mask`, :func:`padding_mask` (chapters 01, 04)
 - :class:`AttentionHead` (chapter 02)
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
-- :func:`sinusoidal_positions`, :func:`apply_rotary` (chapter 06, positions inside attention)
+- :func:`sinusoidal_positions`, :func:`apply_rotary`, :func:`alibi_bias`,
+  :func:`relative_position_buckets` (chapter 06, positions inside attention)
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 07)
 - :mod:`mha_lib.induction`: induction heads in an attention-only transformer (chapter 08)
 - :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 09)
@@ -27,7 +28,7 @@ from .inference import KVCache, kv_cache_bytes, repeat_kv
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multi_head import MultiHeadAttention
 from .plotting import plot_attention
-from .positions import apply_rotary, sinusoidal_positions
+from .positions import alibi_bias, apply_rotary, relative_position_buckets, sinusoidal_positions
 from .single_head import AttentionHead
 
 # The course's subpackages, so that `import mha_lib` gives mha_lib.sentiment and the rest;
@@ -42,6 +43,7 @@ __all__ = [
     "EncoderLayer",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_bias",
     "apply_rotary",
     "causal_mask",
     "combine_heads",
@@ -49,6 +51,7 @@ __all__ = [
     "kv_cache_bytes",
     "padding_mask",
     "plot_attention",
+    "relative_position_buckets",
     "repeat_kv",
     "scaled_dot_product_attention",
     "seed_everything",

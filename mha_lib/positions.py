@@ -1,23 +1,28 @@
 """Positions for attention: sinusoidal encodings added to the input, rotary ones inside each head.
 
 Attention alone is permutation-equivariant: shuffle the tokens and the outputs shuffle with
-them. Two ways to tell it where each token sits:
+them. Three ways to tell it where each token sits:
 
 - :func:`sinusoidal_positions` (Vaswani et al., 2017) makes a ``(L, d_model)`` table that is
   *added* to the token embeddings once, before the first layer.
 - :func:`apply_rotary` (RoPE, Su et al., 2021) *rotates* every head's queries and keys by an
   angle proportional to their position, inside every layer. The score ``q_i · k_j`` then
   depends on the positions only through the offset ``i - j``; the values are left alone.
+- :func:`alibi_bias` (Press et al., 2022) and :func:`relative_position_buckets` (T5, Raffel et
+  al., 2020) make a bias *added to the scores*, one ``(L, L)`` pattern per head that depends
+  on ``i - j`` only: a float mask ``(H, L, L)`` that the attention modules take as it is.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
 from .validation import check_base, check_device, check_positive_int, describe
 
-__all__ = ["sinusoidal_positions", "apply_rotary"]
+__all__ = ["sinusoidal_positions", "apply_rotary", "alibi_slopes", "alibi_bias", "relative_position_buckets"]
 
 
 def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
@@ -96,3 +101,66 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
     a, b = x.to(dtype).split(half, dim=-1)  # (..., L, d_k/2) each: the pairs (a_i, b_i)
     rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, d_k)
     return rotated.to(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's slope per head: ``(H,)``, a geometric sequence that starts at ``2^(-8/H)``.
+
+    For ``H`` a power of two, head ``h`` (from 1) gets ``2^(-8h/H)``: 8 heads get
+    ``1/2, 1/4, …, 1/256``. Otherwise, as in the paper's code: the slopes of the largest power
+    of two ``n < H``, then every other slope of ``2n`` heads.
+    """
+    num_heads = check_positive_int(num_heads, "num_heads")
+
+    def powers_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    n = 2 ** (num_heads.bit_length() - 1)  # the largest power of two <= H
+    slopes = powers_of_two(n) + powers_of_two(2 * n)[0::2][: num_heads - n]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(num_heads: int, seq_len: int, device: torch.device | str | None = None) -> Tensor:
+    """ALiBi (Press et al., 2022): ``bias[h, i, j] = -m_h · |i - j|``, float32 ``(H, L, L)``.
+
+    Added to the scores (pass it as the ``mask``, or add it to a float mask), it lowers each
+    score in proportion to the distance, more steeply in the heads with larger slopes
+    (:func:`alibi_slopes`). The paper's decoders use it with a causal mask, where ``|i - j|``
+    is ``i - j``; no position is added to the embeddings.
+    """
+    seq_len, device = check_positive_int(seq_len, "seq_len"), check_device(device)
+    positions = torch.arange(seq_len, device=device)
+    distance = (positions[:, None] - positions[None, :]).abs().float()  # (L, L)
+    return 0.0 - alibi_slopes(num_heads).to(device)[:, None, None] * distance  # (H, L, L); 0.0 -: no -0.0
+
+
+def relative_position_buckets(seq_len: int, num_buckets: int = 32, max_distance: int = 128,
+                              bidirectional: bool = True, device: torch.device | str | None = None) -> Tensor:
+    """T5's relative-position buckets: ``bucket[i, j]`` for the offset ``j - i``, int64 ``(L, L)``.
+
+    Each bucket owns one learned scalar per head (``nn.Embedding(num_buckets, H)``), and the
+    bias added to the scores is that table looked up here: ``table(buckets).permute(2, 0, 1)``,
+    ``(H, L, L)``. Small offsets get a bucket each, larger ones share buckets whose width grows
+    logarithmically up to ``max_distance``; farther offsets share the last bucket. With
+    ``bidirectional``, keys before and after the query use separate halves of the buckets
+    (an encoder); otherwise keys after the query all fall in bucket 0 (a causal decoder masks them).
+    """
+    seq_len, num_buckets = check_positive_int(seq_len, "seq_len"), check_positive_int(num_buckets, "num_buckets")
+    max_distance, device = check_positive_int(max_distance, "max_distance"), check_device(device)
+    positions = torch.arange(seq_len, device=device)
+    relative = positions[None, :] - positions[:, None]  # (L, L): key minus query, as in T5
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0).long() * num_buckets  # keys after the query: the upper half
+        relative = relative.abs()
+    else:
+        relative = (-relative).clamp(min=0)  # distance to an earlier key; later keys count as 0
+    exact = max(num_buckets // 2, 1)  # offsets below this get a bucket each
+    logarithmic = exact + (
+        torch.log(relative.float().clamp(min=1) / exact) / math.log(max(max_distance / exact, 1 + 1e-9))
+        * (num_buckets - exact)
+    ).long()
+    logarithmic = logarithmic.clamp(max=num_buckets - 1)
+    return buckets + torch.where(relative < exact, relative, logarithmic)  # (L, L)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import TOLERANCES
-from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, sinusoidal_positions
+from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, combine_heads,
+                     sinusoidal_positions, split_heads)
+from mha_lib.positions import alibi_bias, alibi_slopes, relative_position_buckets
 
 
 # ---------------------------------------------------------------- sinusoidal positions
@@ -215,3 +218,68 @@ def test_rotary_needs_an_even_head_size():
             cls(6, 2, rotary=True)
         assert cls(6, 2).d_k == 3  # without RoPE an odd d_k is fine
         assert "rotary=True" in repr(cls(8, 2, rotary=True))
+
+
+# --- position biases added to the scores: ALiBi and T5 -------------------------------------
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(h + 1) for h in range(8)]))
+    assert torch.allclose(alibi_slopes(16), torch.tensor([2.0 ** (-0.5 * (h + 1)) for h in range(16)]))
+    # not a power of two: the 4-head slopes, then every other slope of 8 heads
+    assert torch.allclose(alibi_slopes(6), torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]))
+    assert alibi_slopes(np.int64(4)).shape == (4,)
+    with pytest.raises(ValueError, match="num_heads"):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_depends_on_the_distance_only():
+    bias = alibi_bias(4, 7)
+    assert bias.shape == (4, 7, 7) and bias.dtype == torch.float32
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    assert torch.equal(bias, -alibi_slopes(4)[:, None, None] * (i - j).abs().float() + 0.0)
+    assert torch.equal(bias[:, 1:, 1:], bias[:, :-1, :-1])  # constant along every diagonal
+    assert not torch.signbit(bias.diagonal(dim1=-2, dim2=-1)).any()  # 0, not -0, on the diagonal
+
+
+def test_alibi_bias_as_a_float_mask_matches_pytorch():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    bias = alibi_bias(4, 6).double().masked_fill(~causal_mask(6), float("-inf"))  # (H, L, L), causal
+    q, k, v = (split_heads(W(x), 4) for W in (mha.W_q, mha.W_k, mha.W_v))
+    expected = mha.W_o(combine_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)))
+    torch.testing.assert_close(mha(x, x, x, bias), expected)
+
+
+def _t5_buckets_reference(relative, bidirectional, num_buckets=32, max_distance=128):
+    """T5's bucketing, written out as the paper's code computes it, offset by offset."""
+    out = torch.empty_like(relative)
+    for index, n in enumerate(relative.flatten().tolist()):
+        buckets, base = num_buckets, 0
+        if bidirectional:
+            buckets //= 2
+            base = buckets if n > 0 else 0
+            n = abs(n)
+        else:
+            n = max(-n, 0)
+        exact = buckets // 2
+        if n < exact:
+            bucket = n
+        else:
+            bucket = min(exact + int(math.log(n / exact) / math.log(max_distance / exact) * (buckets - exact)), buckets - 1)
+        out.view(-1)[index] = base + bucket
+    return out
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_buckets_follow_the_paper_and_depend_on_the_offset_only(bidirectional):
+    L = 200
+    buckets = relative_position_buckets(L, bidirectional=bidirectional)
+    positions = torch.arange(L)
+    assert torch.equal(buckets, _t5_buckets_reference(positions[None, :] - positions[:, None], bidirectional))
+    assert torch.equal(buckets[1:, 1:], buckets[:-1, :-1])
+    assert buckets.min() == 0 and buckets.max() == 31  # all 32 buckets in use at L = 200
+    table = torch.nn.Embedding(32, 4)  # one learned scalar per bucket and head
+    bias = table(buckets).permute(2, 0, 1)  # (H, L, L), a float mask
+    assert bias.shape == (4, L, L) and torch.equal(bias[:, 1:, 1:], bias[:, :-1, :-1])
