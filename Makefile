@@ -3,6 +3,7 @@
 #   make lab             set up .venv (first time only) and start JupyterLab on the course
 #   make exercise N=01   copy exercise 01 into workspace/ (never overwrites your copy)
 #   make progress        run your notebooks in workspace/ and show which exercises pass
+#   make update          update the course (git pull), even after you ran and saved the chapters
 #   make book            build the course as a web book in build/book/ (from the committed notebooks)
 #   make help            this list
 #
@@ -32,8 +33,15 @@ DEV_STAMP := $(VENV)/.installed-dev
 # JupyterLab's settings for the course (no news pop-up, Markdown opens rendered), as
 # defaults in .venv, never in your home folder: your own settings still win.
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+# Where JupyterLab keeps its layout for the course (in .venv, not in your home folder), seeded
+# with one that shows README.md, so that /lab opens on it too; after that, your own layout.
+LAB_WORKSPACES := $(VENV)/share/jupyter/lab/workspaces
+LAB_WORKSPACE  := $(LAB_WORKSPACES)/default-37a8.jupyterlab-workspace
+# The file browser shows each notebook once (not its paired py:percent file, NN_name.py, a name
+# no module of mha_lib has) and no build output. Jupyter's own defaults are kept.
+LAB_HIDE := __pycache__ '*.pyc' '*.pyo' .DS_Store '*~' '[0-9][0-9]_*.py' build '*.egg-info' .pytest_cache .ipynb_checkpoints
 
-.PHONY: help setup lab exercise progress book test test-lib test-notebooks test-gpu notebooks study clean
+.PHONY: help setup lab exercise progress update book test test-lib test-notebooks test-gpu notebooks study clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -61,15 +69,22 @@ $(LAB_OVERRIDES): .jupyterlab/overrides.json $(STAMP)
 	@mkdir -p $(@D)
 	cp .jupyterlab/overrides.json $@
 
+$(LAB_WORKSPACE): .jupyterlab/default.jupyterlab-workspace $(STAMP)
+	@mkdir -p $(@D)
+	cp .jupyterlab/default.jupyterlab-workspace $@
+
 # JupyterLab refuses to run as root unless told; the token comes from
 # JUPYTER_TOKEN when set (otherwise Jupyter makes one and prints the URL).
 # .venv/bin goes first on PATH, so `python` in JupyterLab's terminal is the course's.
-# It opens on README.md, rendered (the chapter table; tests/test_browser.py checks it).
-lab: $(STAMP) $(LAB_OVERRIDES)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
+# It opens on README.md, rendered (the chapter table; tests/test_browser.py checks it), at
+# the printed address and at /lab alike (tests/test_lab_files.py checks /lab and the file browser).
+lab: $(STAMP) $(LAB_OVERRIDES) $(LAB_WORKSPACE)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" JUPYTERLAB_WORKSPACES_DIR="$${JUPYTERLAB_WORKSPACES_DIR:-$(CURDIR)/$(LAB_WORKSPACES)}" \
+	  $(VENV)/bin/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
 	  $(if $(JUPYTER_TOKEN),--IdentityProvider.token=$(JUPYTER_TOKEN)) \
 	  --ServerApp.root_dir=$(CURDIR) \
+	  $(foreach glob,$(LAB_HIDE),--ContentsManager.hide_globs=$(glob)) \
 	  --LabApp.default_url=/lab/tree/README.md
 
 # The learner's commands are the package mha_course (apart from mha_lib, so that they never
@@ -83,6 +98,12 @@ exercise: $(STAMP)
 # N=03` for one chapter, PROGRESS_TIMEOUT=300 for slow machines (seconds per notebook).
 progress: $(STAMP)
 	@$(PY) -m mha_course progress $(N) $(if $(PROGRESS_TIMEOUT),--timeout $(PROGRESS_TIMEOUT))
+
+# The course's newest version: puts back the course notebooks that only running changed,
+# saves your own edits to course files in workspace/saved/<date>/ first, then
+# `git pull --ff-only`; never touches the rest of workspace/. Needs only git and Python (no .venv).
+update:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m mha_course update
 
 # The web book, from the notebooks as committed (no execution): build/book/index.html.
 book: $(DEV_STAMP)

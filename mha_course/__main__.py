@@ -3,6 +3,7 @@
     python -m mha_course start 01     copy exercise 01 to workspace/ (never overwrites)
     python -m mha_course list         list the exercises and the ones you have started
     python -m mha_course progress     run your copies and show which exercises pass
+    python -m mha_course update       update the course (git pull), keeping your edits in workspace/
 
 None of these imports PyTorch in this process, so ``start`` and ``list`` answer at once.
 """
@@ -37,14 +38,27 @@ def main(argv: list[str] | None = None) -> int:
     progress_cmd.add_argument("chapters", nargs="*", metavar="NN", help="only these chapters (default: all)")
     progress_cmd.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                               help="how long one notebook's cells may run in all (default: 120)")
+    commands.add_parser(
+        "update", help="update the course to its newest version (git pull), even after you ran the chapters",
+        description="Bring the course up to date: course notebooks changed only by running them are put back, "
+                    "your own edits to course files are saved in workspace/saved/<date>/ first, then "
+                    "`git pull --ff-only`. Never touches the rest of workspace/.")
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
             target = start(args.exercise)
             root = course_root()
             print(f"Created {target.relative_to(root)}. Open it in JupyterLab and work there;")
-            print("`git pull` never changes workspace/, and the solutions are in solutions/.")
+            print("`make update` never changes workspace/, and the solutions are in solutions/.")
             print("`make progress` shows which exercises you have done.")
+        elif args.command == "update":
+            from .update import UpdateError, update
+
+            try:
+                return update()
+            except UpdateError as error:
+                print(f"make update: {error}", file=sys.stderr)
+                return 1
         elif args.command == "list":
             for name, started in list_exercises():
                 print(f"{'started' if started else '       '}  {name}")
