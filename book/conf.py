@@ -41,6 +41,8 @@ exclude_patterns = ["_build", "**/.ipynb_checkpoints", "conf.py", "build.py"]
 templates_path: list[str] = []
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+# course.js: the visible sidebar buttons work (the theme wires hidden copies), long lines wrap.
+html_js_files = ["course.js"]
 
 html_theme = "sphinx_book_theme"
 html_title = "Multi-head attention"

@@ -341,3 +341,106 @@ def test_every_page_in_a_browser(book: Path, site: str, sync_playwright) -> None
     assert any("chapters/01_" in href for href in found), f"searching 'softmax' finds {found}"
     for shot in shots.values():
         assert shot.stat().st_size > 20_000, f"the screenshot {shot} looks empty"
+
+
+# Runs in the page: the state of the two sidebars (in place, or moved into their <dialog>).
+SIDEBARS_JS = """() => {
+    const shown = e => !!e && getComputedStyle(e).visibility === 'visible' && e.getBoundingClientRect().width > 0;
+    const primary = document.getElementById('pst-primary-sidebar-modal');
+    const secondary = document.getElementById('pst-secondary-sidebar-modal');
+    return {
+        primaryDrawer: primary.open && shown(primary) && primary.querySelectorAll('nav.bd-docs-nav a').length > 5,
+        secondaryDrawer: secondary.open && shown(secondary) && !!secondary.querySelector('nav.page-toc a'),
+        primaryColumn: shown(document.getElementById('pst-primary-sidebar')) &&
+            !document.getElementById('pst-primary-sidebar').classList.contains('pst-sidebar-hidden'),
+    };
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_visible_sidebar_buttons_open_the_drawers(book: Path, site: str, sync_playwright, width: int) -> None:
+    """The ☰ button opens the chapter list and "Contents" the page's sections, clicked as a
+    reader clicks them: the visible buttons (the theme wires hidden copies; book/_static/course.js).
+    On a wide screen the chapter list is a column that ☰ hides and brings back."""
+    chapter = f"chapters/{notebooks('chapters')[0].stem}.html"
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 800})
+            page.goto(f"{site}/{chapter}", wait_until="load", timeout=60_000)
+            state = lambda: page.evaluate(SIDEBARS_JS)  # noqa: E731
+            primary, contents = page.locator(".primary-toggle:visible"), page.locator(".secondary-toggle:visible")
+            assert primary.count() == 1, f"{width} px: {primary.count()} visible ☰ buttons"
+            assert contents.count() == 1, f"{width} px: {contents.count()} visible 'Contents' buttons"
+            if width < 992:  # a phone: the chapter list is a drawer
+                assert not state()["primaryDrawer"]
+                primary.click()
+                page.wait_for_function("document.getElementById('pst-primary-sidebar-modal').open", timeout=5_000)
+                page.wait_for_timeout(400)  # the slide-in
+                assert state()["primaryDrawer"], f"{width} px: ☰ doesn't open the chapter list: {state()}"
+                page.keyboard.press("Escape")
+                page.wait_for_timeout(400)
+            else:  # a wide screen: the chapter list is a column, ☰ hides it and brings it back
+                assert state()["primaryColumn"], f"{width} px: no chapter list: {state()}"
+                primary.click()
+                page.wait_for_timeout(400)
+                assert not state()["primaryColumn"], f"{width} px: ☰ doesn't hide the chapter list: {state()}"
+                primary.click()
+                page.wait_for_timeout(400)
+                assert state()["primaryColumn"], f"{width} px: ☰ doesn't bring the chapter list back: {state()}"
+            assert not state()["secondaryDrawer"]
+            contents.click()
+            page.wait_for_function("document.getElementById('pst-secondary-sidebar-modal').open", timeout=5_000)
+            page.wait_for_timeout(400)
+            assert state()["secondaryDrawer"], f"{width} px: 'Contents' doesn't open the page's sections: {state()}"
+            page.screenshot(path=str(ARTIFACTS / f"contents_{width}px.png"))
+        finally:
+            browser.close()
+
+
+# Runs in the page once MathJax is done: the code and output blocks wider than the column.
+OVERFLOW_JS = """async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+    const article = document.querySelector('article');
+    const blocks = Array.from(article.querySelectorAll('pre'));
+    const over = blocks.filter(b => b.scrollWidth > b.clientWidth + 1 ||
+                                    b.getBoundingClientRect().right > article.getBoundingClientRect().right + 1);
+    const equations = Array.from(article.querySelectorAll('mjx-container[display="true"]'));
+    const cut = equations.filter(e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'auto');
+    return {blocks: blocks.length, over: over.map(b => b.textContent.split('\\n')[0].slice(0, 60)),
+            cut: cut.length, pageWidth: document.documentElement.scrollWidth, viewport: innerWidth};
+}"""
+
+
+@pytest.mark.browser
+def test_code_and_outputs_fit_the_column(book: Path, site: str, sync_playwright) -> None:
+    """At 1280 px no more than 5 % of the chapters' code and output blocks are wider than the
+    text column (long lines wrap: book/_static/course.css and course.js), no display formula is
+    cut off (a wide one scrolls), and no page is wider than the screen, at 1280 px or on a phone."""
+    problems, counts = [], {}
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            for width in (1280, 390):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                total, over = 0, []
+                for notebook in notebooks("chapters"):
+                    path = f"chapters/{notebook.stem}.html"
+                    page.goto(f"{site}/{path}", wait_until="load", timeout=60_000)
+                    state = page.evaluate(OVERFLOW_JS)
+                    total += state["blocks"]
+                    over += [f"{path}: {line!r}" for line in state["over"]]
+                    if state["cut"]:
+                        problems.append(f"{width} px, {path}: {state['cut']} display formulas cut off")
+                    if state["pageWidth"] > state["viewport"]:
+                        problems.append(f"{width} px, {path}: the page is {state['pageWidth']} px wide")
+                counts[width] = (len(over), total)
+                if width == 1280 and len(over) > 0.05 * total:
+                    problems.append(f"{len(over)} of {total} code/output blocks overflow at 1280 px, e.g.:\n"
+                                    + "\n".join(over[:10]))
+                page.close()
+        finally:
+            browser.close()
+    assert counts[1280][1] > 100, f"only {counts[1280][1]} code/output blocks found in the chapters"
+    assert not problems, "\n".join(problems)
