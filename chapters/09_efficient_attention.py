@@ -302,9 +302,10 @@ if peaks["teaching"] is not None:
 # ## 6. Time and memory against length
 #
 # `mha_lib.bench.run_benchmark` times a training step (forward and backward) of each module at
-# several lengths, and measures its peak memory. It warms every variant up, then times them in
-# turn (round robin), 9 times. A busy moment of your machine can only make a step *slower*, so
-# we read the **fastest** of the 9 (`stat="min"`): one slow repetition cannot invent a jump.
+# several lengths, and measures its peak memory. It warms every step up, then times every
+# variant at every length in turn (round robin), 9 times. A busy moment of your machine can
+# only make a step *slower*, and it hits all lengths alike; we read the **fastest** of the 9
+# (`stat="min"`), so one slow stretch cannot invent a jump or bend a curve.
 # Here: the teaching module, the efficient one, and PyTorch's `nn.MultiheadAttention` with
 # `need_weights=False` as the reference, at `L = 128 … 1024`. Timings and memory vary from
 # machine to machine, so the outputs of these measuring cells are not compared when the course
@@ -390,7 +391,7 @@ if series("teaching", "peak_bytes")[0] is not None:
 time_slopes = {variant: slope(series(variant, "fastest")) for variant in ("teaching", "efficient", "nn.MHA")}
 for variant, value in time_slopes.items():
     print(f"slope of time against L, {variant:9s}: {value:.2f}")
-if device.type == "cpu":  # ranges that hold on a busy machine too (measured with two notebooks at once)
+if device.type == "cpu":  # ranges that hold on a busy machine too (checked with the whole test suite running)
     assert time_slopes["teaching"] > 1.6, time_slopes  # the L x L tensors: about L², or steeper
     assert all(0.8 < time_slopes[v] < 2.6 for v in ("efficient", "nn.MHA")), time_slopes
 

@@ -73,24 +73,32 @@ def run_benchmark(
         raise ValueError(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     functions = make_variants(d_model, num_heads, device, dtype, dropout=dropout)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    results, to_measure = [], []
+    steps: dict[tuple[int, str, str], Callable[[], None]] = {}
+    skipped: dict[int, dict[str, str]] = {}
     for length in lengths:
         x = torch.randn(batch, length, d_model).to(device, dtype)
         attn_mask = make_mask(mask, length, num_heads, device, dtype)
-        skipped = _skipped(variants, batch * num_heads * length * length * itemsize, _free(device), mask)
-        runnable = [v for v in variants if v not in skipped]
+        skipped[length] = _skipped(variants, batch * num_heads * length * length * itemsize, _free(device), mask)
         for mode in modes:
-            steps = {v: make_step(functions[v], x, mode, attn_mask) for v in runnable}
-            times = time_steps(steps, device, repeats=repeats, warmup=warmup, min_time=min_time)
             for v in variants:
-                if v in skipped:
-                    results.append(Result(length, v, mode, skipped=skipped[v]))
+                if v not in skipped[length]:
+                    steps[(length, mode, v)] = make_step(functions[v], x, mode, attn_mask)
+    # Every step at every length in one round robin: a busy stretch of the machine slows all the
+    # lengths alike, instead of bending the curve at the one length it happened to hit.
+    if log is not None:
+        log(f"  timing {len(steps)} steps, round robin, {repeats} repetitions")
+    times = time_steps(steps, device, repeats=repeats, warmup=warmup, min_time=min_time)
+    results, to_measure = [], []
+    for length in lengths:
+        for mode in modes:
+            for v in variants:
+                if v in skipped[length]:
+                    results.append(Result(length, v, mode, skipped=skipped[length][v]))
                     continue
-                results.append(Result(length, v, mode, statistics.median(times[v]), min(times[v])))
+                key = (length, mode, v)
+                results.append(Result(length, v, mode, statistics.median(times[key]), min(times[key])))
                 to_measure.append(results[-1])
-            if log is not None:
-                log(f"  L={length:<6d} {mode:8s} timed")
-        del x, attn_mask
+    del steps
     if memory and to_measure:
         if log is not None:
             log(f"  measuring the peak memory of {len(to_measure)} steps")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -20,12 +20,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_steps(
-    steps: dict[str, Callable[[], None]],
+    steps: dict[Hashable, Callable[[], None]],
     device: torch.device | str = "cpu",
     repeats: int = 5,
     warmup: int = 1,
     min_time: float = 0.05,
-) -> dict[str, list[float]]:
+) -> dict[Hashable, list[float]]:
     """Seconds per call of each step, one entry per repetition, measured round robin.
 
     Every step is warmed up ``warmup`` times (at least once); the fastest warm-up call sets
@@ -45,7 +45,7 @@ def time_steps(
             synchronize(device)
             elapsed = min(elapsed, time.perf_counter() - start)
         calls[name] = max(1, math.ceil(min_time / max(elapsed, 1e-9)))
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[Hashable, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             step, n = steps[name], calls[name]
