@@ -136,11 +136,44 @@ def one_title(cells: list[dict]) -> None:
         cell["source"] = "\n".join(lines)
 
 
+# Lines the course's tooling reads and a reader of the book doesn't need: nbval's markers, and
+# the solution markers that tools/make_exercises.py cuts the exercises along.
+TOOLING = re.compile(r"^\s*# (NBVAL_IGNORE_OUTPUT|NBVAL_SKIP|NBVAL_CHECK_OUTPUT|BEGIN SOLUTION|END SOLUTION)\s*$")
+
+
+def strip_tooling(cells: list[dict]) -> None:
+    """Remove the tooling marker lines from the code cells (the committed notebooks keep them)."""
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            lines = "".join(cell["source"]).split("\n")
+            cell["source"] = "\n".join(line for line in lines if not TOOLING.match(line))
+
+
+def link_exercises(cells: list[dict], chapter: Chapter) -> None:
+    """Under a chapter's exercises heading, a line that links its exercise and solution pages."""
+    pages = [f"[{name}](../{folder}/{chapter.stem}.ipynb)" for folder, name, present in (
+        ("exercises", "the exercises", chapter.has_exercises), ("solutions", "their worked solutions",
+                                                                  chapter.has_solutions)) if present]
+    if not pages:
+        return
+    for cell in cells:
+        text = "".join(cell["source"]) if cell["cell_type"] == "markdown" else ""
+        # "## Exercises" (### after chapter 05's "# Part 2"; chapter 11's is "## Your turn")
+        heading = re.search(r"^###? (Exercises|Your turn)[^\n]*\n", text, flags=re.MULTILINE)
+        if heading:
+            line = f"\nIn this book: {' and '.join(pages)}.\n"
+            cell["source"] = text[: heading.end()] + line + text[heading.end():]
+            return
+
+
 def staged_notebook(source: Path, kind: str, chapter: Chapter, repo: dict) -> str:
     """The notebook's JSON with the banner under its title (and, for a chapter, its
     exercises and solutions as sub-pages); outputs and everything else untouched."""
     nb = json.loads(source.read_text(encoding="utf-8"))
     one_title(nb["cells"])
+    strip_tooling(nb["cells"])
+    if kind == "chapters":
+        link_exercises(nb["cells"], chapter)
     box = banner(kind, chapter, repo)
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":

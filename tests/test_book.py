@@ -444,3 +444,19 @@ def test_code_and_outputs_fit_the_column(book: Path, site: str, sync_playwright)
             browser.close()
     assert counts[1280][1] > 100, f"only {counts[1280][1]} code/output blocks found in the chapters"
     assert not problems, "\n".join(problems)
+
+
+def test_tooling_markers_are_stripped_and_exercises_linked(book: Path) -> None:
+    """The book's pages show no nbval or solution markers (the committed notebooks keep them),
+    and each chapter's "Exercises" section links its exercise and solution pages."""
+    markers = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "BEGIN SOLUTION", "END SOLUTION")
+    assert any(m in (ROOT / "chapters" / "07_heads_at_work.ipynb").read_text() for m in markers)  # still there
+    for page in sorted(book.glob("*/[0-9][0-9]_*.html")):
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
+        assert not [m for m in markers if m in text], page.name
+    for page in sorted(book.glob("chapters/[0-9][0-9]_*.html")):
+        source = page.read_text(encoding="utf-8")
+        start = max(source.find('id="exercises"'), source.find('id="your-turn"'))  # chapter 11: "Your turn"
+        section = source[start:source.find("</section>", start)]  # the Exercises section only
+        assert f'href="../exercises/{page.stem}.html"' in section, page.name
+        assert f'href="../solutions/{page.stem}.html"' in section, page.name
