@@ -19,9 +19,10 @@
 # A language model writes one token at a time. To pick token `t + 1` it runs its layers over
 # everything written so far, then appends the new token and does it again. Run naively, every
 # step repeats all the work of the step before. This chapter shows the trick every model uses
-# to avoid that, the **key/value cache**, what it costs in memory, and the two changes to
-# multi-head attention that today's models make to keep that memory small: **fewer key/value
-# heads** (multi-query and grouped-query attention) and **sliding windows**.
+# to avoid that, the **key/value cache**, what it costs in memory and in bytes read per step,
+# and the two changes to multi-head attention that most of today's models make to keep it
+# small: **fewer key/value heads** (multi-query and grouped-query attention) and **sliding
+# windows** (with attention sinks); section 6 names the others.
 #
 # **By the end of this chapter you will be able to**
 #
@@ -34,14 +35,17 @@
 # - use `num_kv_heads` for multi-query (MQA) and grouped-query attention (GQA), say which query
 #   heads share which key/value head, and how much memory that saves;
 # - build a sliding-window mask with `mha_lib.sliding_window_mask`, decode with it, and show
-#   that the cache then never needs more than the window.
+#   that the cache then never needs more than the window, keeping attention sinks if asked;
+# - compute the bytes a decoding step reads, and why sharing key/value heads makes it faster.
 #
 # *Sources.* N. Shazeer, "Fast Transformer Decoding: One Write-Head is All You Need" (2019),
 # multi-query attention. J. Ainslie et al., "GQA: Training Generalized Multi-Query Transformer
 # Models from Multi-Head Checkpoints" (2023). I. Beltagy et al., "Longformer: The
 # Long-Document Transformer" (2020), local attention; A. Jiang et al., "Mistral 7B" (2023), the
-# causal sliding window and its rolling cache. The 7B-class configuration (32 layers, 32 heads
-# of 128) is LLaMA-2-7B's (H. Touvron et al., "Llama 2", 2023).
+# causal sliding window and its rolling cache. G. Xiao et al., "Efficient Streaming Language
+# Models with Attention Sinks" (2024). DeepSeek-AI, "DeepSeek-V2" (2024), multi-head latent
+# attention. The 7B-class configuration (32 layers, 32 heads of 128) is LLaMA-2-7B's
+# (H. Touvron et al., "Llama 2", 2023).
 
 # %% [markdown]
 # ## Set-up
@@ -356,6 +360,31 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 # token's position from the cache's length, which trimming shortens; a rolling buffer must then
 # keep count of the positions itself, as Mistral's does.)
 #
+# **Attention sinks.** Trained models park much of their attention on the first tokens of a
+# text, whatever they say, and a pure rolling window drops exactly those: Xiao et al. (2024,
+# StreamingLLM) found that a model then falls apart once the text outgrows the window, and that
+# keeping a few first positions in the cache, outside the window, is enough to keep it working.
+# `sliding_window_mask(L, window, sinks=s)` keeps the first `s` keys visible to every later
+# query; the rolling cache keeps their entries and forgets the middle:
+
+# %%
+sinks = 1
+with torch.no_grad():
+    reference_sinks = win(x, x, x, mask=sliding_window_mask(L, window, sinks=sinks, device=device))
+    cache, largest, steps = KVCache(), 0, []
+    for t in range(L):
+        if len(cache) > sinks + window - 1:  # forget the middle: keep the sinks and the last window - 1
+            keep = [torch.cat([kv[..., :sinks, :], kv[..., -(window - 1):, :]], dim=-2)
+                    for kv in (cache.keys, cache.values)]
+            cache.keys, cache.values = keep
+        steps.append(decode_step(win, x[:, t : t + 1], cache))
+        largest = max(largest, len(cache))
+assert torch.allclose(torch.cat(steps, dim=1), reference_sinks, atol=1e-5) and largest == sinks + window
+print(f"a rolling cache of {sinks} sink + {window} recent positions == the windowed forward with sinks (within 1e-5)")
+print(sliding_window_mask(6, 3, sinks=1).int())
+
+# %% [markdown]
+#
 # For Mistral 7B (32 layers, 8 key/value heads of 128, float16) the two answers combine: GQA makes
 # a token cost 128 KiB, and the window of 4096 caps the cache at 4096 of them, 512 MiB per
 # sequence, whether the text is 4096 tokens long or 32 768 (8 times less than a 32 768-token
@@ -370,6 +399,41 @@ for n in (4096, 32_768):
     capped = min(n, 4096) * per_token_mistral
     print(f"Mistral-7B-like, {n:6,d} tokens: {n * per_token_mistral / 2**20:7,.0f} MiB without the window, "
           f"{capped / 2**20:5,.0f} MiB with it")
+
+# %% [markdown]
+# ## 6. What a decoding step reads
+#
+# Capacity is one reason to shrink the cache; Shazeer's argument for MQA was another: **the bytes
+# read per decoding step**. Each new token is one small matrix-vector product per weight, so the
+# GPU spends the step reading memory: all the weights once, plus every sequence's whole cache.
+# With a batch of sequences the weights are read once for all of them, the caches once each, so
+# the cache soon dominates. For a 7B-class model (32 layers, 32 heads of 128, float16) at 4096
+# tokens, on a GPU that reads 3.35 TB/s (an H100):
+
+# %%
+weights_bytes = 7e9 * 2  # about 7 billion parameters in float16
+print(f"{'batch':>5} {'H_kv':>5} {'cache GiB':>10} {'read per step GiB':>18} {'ms per step':>12}")
+for batch in (1, 32):
+    for kv_heads in (32, 8, 1):  # MHA, GQA with 8 groups, MQA
+        cache_bytes = kv_cache_bytes(num_layers=32, num_kv_heads=kv_heads, d_k=128, seq_len=4096, batch=batch)
+        read = weights_bytes + cache_bytes
+        print(f"{batch:5d} {kv_heads:5d} {cache_bytes / 2**30:10.1f} {read / 2**30:18.1f} {read / 3.35e12 * 1e3:12.1f}")
+mha_32 = weights_bytes + kv_cache_bytes(32, 32, 128, 4096, batch=32)
+gqa_32 = weights_bytes + kv_cache_bytes(32, 8, 128, 4096, batch=32)
+print(f"batch 32: the multi-head cache is {kv_cache_bytes(32, 32, 128, 4096, batch=32) / weights_bytes:.1f} times "
+      f"the weights; 8 groups read {mha_32 / gqa_32:.1f} times fewer bytes per step")
+assert kv_cache_bytes(32, 32, 128, 4096, batch=32) > 4 * weights_bytes and mha_32 / gqa_32 > 2.5
+
+# %% [markdown]
+# One sequence reads mostly weights, and sharing key/value heads barely changes its step. A
+# batch of 32 reads nearly five times the weights' size in cache with full multi-head
+# attention; with 8 groups a step reads 2.7 times fewer bytes, so it takes well under half the
+# time.
+# That, as much as capacity, is why serving favours GQA and MQA. Today's models go further:
+# multi-head *latent* attention (DeepSeek-V2) caches one small latent vector per token (and a
+# small rotary key) from which every head's keys and values are recomputed; caches are
+# quantised to 8 or 4 bits; some models share one cache between neighbouring layers; and
+# Gemma 2 alternates windowed and global layers, Gemma 3 keeps one global layer in six.
 
 # %% [markdown]
 # ## Recap
@@ -388,6 +452,9 @@ for n in (4096, 32_768):
 #   shared head.
 # - **Sliding windows** (`sliding_window_mask`, True where `0 <= i - j < window`) cap the cache at
 #   `window` positions: what leaves the window is never read again.
+#   Keeping the first few positions as **attention sinks** (`sinks=`) keeps long texts working.
+# - A decoding step reads the weights once and every sequence's cache: with a batch, the cache
+#   dominates the bytes a step moves, and GQA/MQA cut the step's time, not only its memory.
 #
 # ## Exercises
 #

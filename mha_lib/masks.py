@@ -66,7 +66,8 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
     return (positions < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
 
 
-def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | None = None) -> Tensor:
+def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | None = None,
+                        sinks: int = 0) -> Tensor:
     """Causal local attention: query ``i`` may attend to the ``window`` keys ``i - window + 1 … i``.
 
     ``mask[i, j]`` is True exactly where ``0 <= i - j < window`` (Mistral's sliding window,
@@ -75,11 +76,17 @@ def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | 
     ``i - W … i``, one key more). With ``window >= seq_len`` it equals :func:`causal_mask`; with
     ``window = 1`` every token sees only itself.
 
+    ``sinks``: the first ``sinks`` positions stay visible to every later query, outside the
+    window too (attention sinks, StreamingLLM: Xiao et al., 2024).
+
     Returns a bool tensor ``(seq_len, seq_len)``; row = query, column = key.
     """
     seq_len = check_positive_int(seq_len, "seq_len")
     window = check_positive_int(window, "window")  # the number of keys each query sees
+    sinks = check_whole(sinks, "sinks", "an int >= 0")
+    if sinks < 0:
+        raise ValueError(f"sinks must be an int >= 0 (the first positions every query keeps), got {sinks}")
     device = check_device(device)
     i = torch.arange(seq_len, device=device)[:, None]  # (L, 1) queries
     j = torch.arange(seq_len, device=device)[None, :]  # (1, L) keys
-    return (i - j >= 0) & (i - j < window)  # (L, L)
+    return (i - j >= 0) & ((i - j < window) | (j < sinks))  # (L, L)

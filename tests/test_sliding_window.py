@@ -65,3 +65,15 @@ def test_an_output_depends_only_on_the_last_window_tokens():
 def test_bad_sizes_are_refused(args):
     with pytest.raises(ValueError, match="must be a positive int"):
         sliding_window_mask(*args)
+
+
+def test_sinks_stay_visible_outside_the_window():
+    mask = sliding_window_mask(7, 3, sinks=2)
+    expected = [[1 if j <= i and (i - j < 3 or j < 2) else 0 for j in range(7)] for i in range(7)]
+    assert mask.int().tolist() == expected
+    assert torch.equal(sliding_window_mask(7, 3, sinks=0), sliding_window_mask(7, 3))
+    assert torch.equal(sliding_window_mask(7, 3, sinks=7), causal_mask(7))  # every key is a sink
+    assert not mask[1, 2]  # a sink is still causal: no query sees a later position
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sinks"):
+            sliding_window_mask(7, 3, sinks=bad)
