@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,24 @@ def launch(playwright):
     """A headless Chromium (close it when done)."""
     args = CHROMIUM_ARGS + (["--no-sandbox"] if os.geteuid() == 0 else [])
     return playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=args)
+
+
+def start_lab(root: Path, options: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str, str]:
+    """Start ``jupyter lab`` on a free loopback port with ``options`` (those of ``make lab``),
+    serving ``root``, its output in ``log``; returns ``(process, url, token)``. The caller waits
+    for it to answer and stops it (the process leads its own session: ``os.killpg`` reaches it all)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = os.urandom(16).hex()
+    command = [
+        sys.executable, "-m", "jupyter", "lab", "--no-browser",
+        "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", *options,
+    ]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    return process, f"http://127.0.0.1:{port}", token

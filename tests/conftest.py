@@ -306,3 +306,14 @@ def halves_right(L):
     mask[0, :, : L // 2] = True
     mask[1, :, L // 2 :] = True
     return mask
+
+
+def rows_that_see_nothing(B: int, Lq: int, Lk: int, mask_dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(allowed, mask)``: a bool ``(B, 1, Lq, Lk)`` pattern in which query 1 of sequence 0 and
+    query 3 of sequence 1 may attend to no key, and the same as a mask of ``mask_dtype``
+    (bool, or float with -inf where blocked) on ``device``."""
+    allowed = torch.ones(B, 1, Lq, Lk, dtype=torch.bool)
+    allowed[0, 0, 1] = False  # sequence 0, query 1 sees no key
+    allowed[1, 0, 3] = False
+    mask = allowed if mask_dtype == torch.bool else torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    return allowed, mask.to(device)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from conftest import (TOLERANCES, assert_matches_torch_mha, assert_rejects_bad_inputs, make_inputs, randn,
-                      torch_twin)
+                      rows_that_see_nothing, torch_twin)
 from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask, padding_mask
 
 MODULES = [MultiHeadAttention, EfficientMultiHeadAttention]
@@ -146,11 +146,7 @@ def test_fully_masked_rows_are_zero_not_nan(cls, mask_dtype, device):
     B, Lq, Lk, D, H = 2, 4, 6, 16, 4
     module = build(cls, D, H).to(device)
     query, memory, _ = make_inputs("memory", B, Lq, Lk, D, device, torch.float32)
-    allowed = torch.ones(B, 1, Lq, Lk, dtype=torch.bool)
-    allowed[0, 0, 1] = False  # sequence 0, query 1 sees no key
-    allowed[1, 0, 3] = False
-    mask = allowed if mask_dtype == torch.bool else torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
-    mask = mask.to(device)
+    allowed, mask = rows_that_see_nothing(B, Lq, Lk, mask_dtype, device)  # queries (0, 1) and (1, 3)
 
     query.requires_grad_(True)
     out = module(query, memory, memory, mask)

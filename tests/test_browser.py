@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from browser_support import VIEWPORT, launch, missing, sync_playwright  # noqa: F401 - a fixture
+from browser_support import VIEWPORT, launch, missing, start_lab, sync_playwright  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -70,12 +69,6 @@ def make_lab_options() -> list[str]:
     assert "jupyter lab" in command, f"make -n lab printed no `jupyter lab` command:\n{result.stdout}"
     options = re.findall(r"--(?:ServerApp|LabApp|IdentityProvider)\.[\w.]+=[^\s'\"]+", command)
     return [o for o in options if not o.startswith(OWN_OPTIONS)]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -164,25 +157,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         MPLBACKEND="module://matplotlib_inline.backend_inline",
         PYTHONUNBUFFERED="1",
     )
-    port, token = _free_port(), os.urandom(16).hex()
-    command = [
-        sys.executable, "-m", "jupyter", "lab", "--no-browser",
-        "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", *options,
-    ]
-    if os.geteuid() == 0:
-        command.append("--allow-root")
     log = base / "jupyter.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    server = Lab(url=f"http://127.0.0.1:{port}", token=token, root=root, log=log, process=process)
+    process, url, token = start_lab(root, options, env, log)
+    server = Lab(url=url, token=token, root=root, log=log, process=process)
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
             if process.poll() is not None:
                 pytest.fail(f"JupyterLab exited with code {process.returncode} before answering.\n"
-                            f"$ {' '.join(command)}\n--- server log ---\n{server.log_tail()}", pytrace=False)
+                            f"$ {' '.join(process.args)}\n--- server log ---\n{server.log_tail()}", pytrace=False)
             try:
                 if server.api("/api/status", timeout=2) == 200:
                     break

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TOLERANCES, make_inputs, make_mask, randn, weight_shaped_inputs
+from conftest import TOLERANCES, make_inputs, make_mask, randn, rows_that_see_nothing, weight_shaped_inputs
 from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -95,11 +95,7 @@ def test_fully_masked_rows_match_teaching_module(mask_dtype, device):
     B, Lq, Lk, D, H = 2, 4, 6, 16, 4
     teaching, fused = twin_modules(D, H, torch.float32, device)
     query, memory, _ = make_inputs("memory", B, Lq, Lk, D, device, torch.float32)
-    allowed = torch.ones(B, 1, Lq, Lk, dtype=torch.bool)
-    allowed[0, 0, 1] = False  # sequence 0, query 1 sees no key
-    allowed[1, 0, 3] = False
-    mask = allowed if mask_dtype == torch.bool else torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
-    mask = mask.to(device)
+    allowed, mask = rows_that_see_nothing(B, Lq, Lk, mask_dtype, device)  # queries (0, 1) and (1, 3)
 
     q1 = query.clone().requires_grad_(True)
     q2 = query.clone().requires_grad_(True)

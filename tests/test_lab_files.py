@@ -16,14 +16,13 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from browser_support import start_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE = ROOT / ".jupyterlab" / "default.jupyterlab-workspace"
@@ -45,12 +44,6 @@ def lab_options() -> list[str]:
     return [w for w in words if re.match(r"--\w+\.\w+=", w) and not w.startswith(OWN)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     base = tmp_path_factory.mktemp("labfiles")
@@ -66,19 +59,10 @@ def lab(tmp_path_factory):
     workspaces = base / "workspaces"
     workspaces.mkdir()
     shutil.copy(WORKSPACE, workspaces / "default-37a8.jupyterlab-workspace")
-    port, token = _free_port(), os.urandom(8).hex()
     env = dict(os.environ, JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_RUNTIME_DIR=str(base / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(base / "settings"))
-    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-               *lab_options()]
-    if os.geteuid() == 0:
-        command.append("--allow-root")
     log = base / "jupyter.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    process, url, token = start_lab(root, lab_options(), env, log)
 
     def get(path: str):
         request = urllib.request.Request(url + path, headers={"Authorization": f"token {token}"})

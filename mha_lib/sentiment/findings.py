@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .attribution import ABLATIONS
 from .probes import FOUR_GROUPS
 from .run import Run
 from .study import HEADS, Study
@@ -146,19 +147,16 @@ FINDINGS: dict[str, tuple[Callable[[Run], bool], Callable[[Run], bool]]] = {
                                     for g in ("plain+", "plain-")) >= _role(r)),
     "the sentiment word looks at 'not' more than uniform attention": (
         _TWO_LEARNED, lambda r: max(r["heads"]["word_to_not"]) > r["baselines"]["uniform"]),
-    # sections 6 and 7: ablation, direct logit attribution
-    "zero-ablating the other head: negated near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "zero", other_head_of(r), "negated"))),
-    "mean-ablating the other head: negated near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "mean", other_head_of(r), "negated"))),
-    "resample-ablating the other head: negated near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "resample", other_head_of(r), "negated"))),
-    "zero-ablating the negation head: plain near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "zero", negation_head_of(r), "plain"))),
-    "mean-ablating the negation head: plain near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "mean", negation_head_of(r), "plain"))),
-    "resample-ablating the negation head: plain near chance": (
-        _TWO_LEARNED, lambda r: _near_chance(r, _ablated(r, "resample", negation_head_of(r), "plain"))),
+}
+# section 6: each head ablated each way (zero, mean, resample), on the
+# group it should matter for: the other head on negated sentences, the negation head on plain ones
+for _who, _head_of, _group in (("other", other_head_of, "negated"), ("negation", negation_head_of, "plain")):
+    for _how in ABLATIONS:
+        FINDINGS[f"{_how}-ablating the {_who} head: {_group} near chance"] = (
+            _TWO_LEARNED, lambda r, how=_how, head_of=_head_of, group=_group:
+            _near_chance(r, _ablated(r, how, head_of(r), group)))
+del _who, _head_of, _group, _how
+FINDINGS |= {
     "mean-ablating the negation head: negated not near chance": (
         _TWO_LEARNED, lambda r: not _near_chance(r, _ablated(r, "mean", negation_head_of(r), "negated"))),
     "negation head, negated: zero-ablation costs more than mean": (
