@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
-from .validation import check_dropout, check_positive_int, check_sequence
+from .validation import check_dropout, check_flag, check_positive_int, check_sequence
 
 __all__ = ["EncoderLayer"]
 
@@ -73,7 +73,8 @@ class EncoderLayer(nn.Module):
         Returns:
             ``(B, L, d_model)``, or ``(output, weights)`` with weights ``(B, H, L, L)``.
         """
-        check_sequence(x, "x", self.d_model, weight=self.norm1.weight)
+        check_sequence(x, "x", self.d_model, weight=self.norm1.weight)  # the attention checks the mask
+        return_weights = check_flag(return_weights, "return_weights")
 
         # 1) attention sublayer: normalize, attend, drop out, add back
         h = self.norm1(x)  # (B, L, D)

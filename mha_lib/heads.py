@@ -28,10 +28,15 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """
     if not isinstance(x, Tensor) or x.dim() != 3:
         raise ValueError(f"split_heads expects (B, L, D), got {describe(x)}")
-    B, L, D = x.shape
     num_heads = check_positive_int(num_heads, "num_heads")
-    if D % num_heads != 0:
-        raise ValueError(f"D={D} is not divisible by num_heads={num_heads}")
+    if x.size(-1) % num_heads != 0:
+        raise ValueError(f"D={x.size(-1)} is not divisible by num_heads={num_heads}")
+    return _split_heads(x, num_heads)
+
+
+def _split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """:func:`split_heads` without its checks, for callers that checked at their door."""
+    B, L, D = x.shape
     return x.reshape(B, L, num_heads, D // num_heads).transpose(1, 2)  # (B, H, L, d_k)
 
 

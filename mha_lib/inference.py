@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from .validation import check_positive_int, check_whole, describe
+from .validation import check_mask_kind, check_positive_int, check_whole, describe
 
 __all__ = ["KVCache", "kv_cache_bytes", "repeat_kv"]
 
@@ -40,6 +40,17 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     B, H_kv, L, d_k = x.shape
     x = x[:, :, None].expand(B, H_kv, n_rep, L, d_k)  # (B, H_kv, n_rep, L, d_k), a view
     return x.reshape(B, H_kv * n_rep, L, d_k)  # (B, H, L, d_k), one copy
+
+
+def _check_new(keys: object, values: object, method: str) -> None:
+    """New keys and values: two tensors of one shape ``(B, H_kv, n, d_k)``; comparisons only (every decoding step)."""
+    if isinstance(keys, Tensor) and isinstance(values, Tensor) and keys.ndim == 4 and keys.shape == values.shape:
+        return
+    if not (isinstance(keys, Tensor) and isinstance(values, Tensor)):
+        raise TypeError(f"{method} expects keys and values as tensors (B, H_kv, n, d_k), "
+                        f"got {describe(keys)} and {describe(values)}")
+    raise ValueError(f"{method} expects keys and values of one shape (B, H_kv, n, d_k), got "
+                     f"{tuple(keys.shape)} and {tuple(values.shape)}")
 
 
 class KVCache:
@@ -73,25 +84,23 @@ class KVCache:
 
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new ``(B, H_kv, n, d_k)`` keys and values; return all ``(B, H_kv, T + n, d_k)``."""
-        if not (isinstance(keys, Tensor) and isinstance(values, Tensor)):
-            raise TypeError(f"KVCache.update expects keys and values as tensors (B, H_kv, n, d_k), "
-                            f"got {describe(keys)} and {describe(values)}")
-        if keys.dim() != 4 or keys.shape != values.shape:
-            raise ValueError(
-                f"KVCache.update expects keys and values of one shape (B, H_kv, n, d_k), got "
-                f"{tuple(keys.shape)} and {tuple(values.shape)}"
-            )
-        if self.keys is None or self.values is None:
+        _check_new(keys, values, "KVCache.update")
+        return self._append(keys, values)
+
+    def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`update` for keys and values of one shape ``(B, H_kv, n, d_k)``, e.g. made by a layer."""
+        held = self.keys
+        if held is None or self.values is None:
             self.keys, self.values = keys, values
             return keys, values
-        held = (self.keys.size(0), self.keys.size(1), self.keys.size(3), self.keys.dtype, self.keys.device)
-        new = (keys.size(0), keys.size(1), keys.size(3), keys.dtype, keys.device)
-        if held != new:
+        (B, H_kv, _, d_k), shape = held.shape, keys.shape
+        if (B, H_kv, d_k) != (shape[0], shape[1], shape[3]) or held.dtype != keys.dtype or held.device != keys.device:
+            had, new = (B, H_kv, d_k, held.dtype, held.device), (shape[0], shape[1], shape[3], keys.dtype, keys.device)
             raise ValueError(
-                f"this KVCache holds (B, H_kv, d_k, dtype, device) = {held}, the new keys are {new}: "
+                f"this KVCache holds (B, H_kv, d_k, dtype, device) = {had}, the new keys are {new}: "
                 "use one cache per layer and per batch, and reset() it before a new sequence"
             )
-        self.keys = torch.cat([self.keys, keys], dim=-2)  # (B, H_kv, T + n, d_k)
+        self.keys = torch.cat([held, keys], dim=-2)  # (B, H_kv, T + n, d_k)
         self.values = torch.cat([self.values, values], dim=-2)  # (B, H_kv, T + n, d_k)
         return self.keys, self.values
 
@@ -108,7 +117,9 @@ class KVCache:
         if layer is None:
             return
         owner = None if self._owner is None else self._owner()
-        if self.keys is not None and owner is not None and owner is not layer:
+        if owner is layer:
+            return
+        if self.keys is not None and owner is not None:
             raise ValueError("this KVCache holds another layer's keys and values: use one KVCache per layer "
                              "(e.g. caches = [KVCache() for _ in layers]), and reset() them before a new sequence")
         self._owner = weakref.ref(layer)
@@ -119,16 +130,25 @@ class KVCache:
         New query ``i`` (position ``T + i``) may attend to keys ``0 … T + i``: every cached
         position, and causally within the new chunk. A user's ``mask`` (bool or float,
         broadcastable to ``(B, H, n, T + n)``, e.g. the last ``n`` rows of a
-        :func:`~mha_lib.sliding_window_mask`; checked by the caller) is combined with that.
+        :func:`~mha_lib.sliding_window_mask`) is combined with that: a layer's ``forward`` checks it
+        in full, ``extend`` only its kind and last two sizes (comparisons, no data read).
         One new token with no mask may see everything: the mask is then None.
 
         Returns keys and values ``(B, H_kv, T + n, d_k)`` and the mask.
         """
-        n = keys.size(-2)
-        keys, values = self.update(keys, values)  # (B, H_kv, T + n, d_k)
-        total = keys.size(-2)
+        _check_new(keys, values, "KVCache.extend")
+        n = keys.shape[-2]
+        if mask is not None:  # before the cache grows: (..., n, T + n), bool or float
+            total = len(self) + n
+            if not (isinstance(mask, Tensor) and mask.ndim >= 1 and mask.shape[-1] in (1, total)
+                    and (mask.ndim == 1 or mask.shape[-2] in (1, n))):
+                raise ValueError(f"mask must be a tensor that broadcasts to (..., n, T + n) = (..., {n}, {total}), "
+                                 f"the new queries against every key, got {describe(mask)}")
+            check_mask_kind(mask, None)
+        keys, values = self._append(keys, values)  # (B, H_kv, T + n, d_k)
         if mask is None and n == 1:
             return keys, values, None
+        total = keys.shape[-2]
         causal = torch.ones(n, total, dtype=torch.bool, device=keys.device).tril(diagonal=total - n)  # (n, T + n)
         if mask is None:
             return keys, values, causal

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
-from .heads import combine_heads, split_heads
+from .heads import _split_heads, combine_heads
 from .inference import KVCache, repeat_kv
 from .positions import apply_rotary
 from .validation import check_flag, check_forward, check_heads, check_num_kv_heads, check_rotary
@@ -121,7 +121,7 @@ class MultiHeadAttention(nn.Module):
 
     def split(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Step 2: ``H`` query heads, ``H_kv`` key/value heads, of ``d_k`` features each."""
-        return split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        return _split_heads(q, self.num_heads), _split_heads(k, self.num_kv_heads), _split_heads(v, self.num_kv_heads)
 
     def rotate(self, q: Tensor, k: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """RoPE: rotate queries and keys by their positions ``start, start + 1, ...`` (never the values)."""

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from .validation import check_base, check_device, check_positive_int, describe
+from .validation import check_base, check_device, check_flag, check_positive_int, describe
 
 __all__ = ["sinusoidal_positions", "apply_rotary", "alibi_slopes", "alibi_bias", "relative_position_buckets"]
 
@@ -148,6 +148,7 @@ def relative_position_buckets(seq_len: int, num_buckets: int = 32, max_distance:
     """
     seq_len, num_buckets = check_positive_int(seq_len, "seq_len"), check_positive_int(num_buckets, "num_buckets")
     max_distance, device = check_positive_int(max_distance, "max_distance"), check_device(device)
+    bidirectional = check_flag(bidirectional, "bidirectional")
     positions = torch.arange(seq_len, device=device)
     relative = positions[None, :] - positions[:, None]  # (L, L): key minus query, as in T5
     buckets = torch.zeros_like(relative)

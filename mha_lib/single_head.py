@@ -72,6 +72,7 @@ class AttentionHead(nn.Module):
             ``(B, Lq, Lk)`` when ``return_weights`` is True.
         """
         self._check_inputs(query, key, value, mask)
+        return_weights = check_flag(return_weights, "return_weights")
         q = self.W_q(query)  # (B, Lq, d_k): what each token looks for
         k = self.W_k(key)  # (B, Lk, d_k): what each token offers
         v = self.W_v(value)  # (B, Lk, d_v): what each token hands over

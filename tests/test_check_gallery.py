@@ -19,7 +19,7 @@ from torch import nn
 
 import mha_lib
 from mha_lib import checks
-from mha_lib.checks import _reference
+from mha_lib.checks import reference
 
 from conftest import MHA, MHAWithLibrary, expect_fail, expect_pass, halves_right, sdpa, sdpa_safe_where
 
@@ -328,13 +328,13 @@ def test_the_reference_equals_mha_lib():
     mask = mha_lib.padding_mask([4, 1])
     mask = mask & torch.tensor([True, False, True, True])  # query rows are not all blocked
     for m in (None, mask, torch.zeros(4, 4, dtype=torch.bool)):
-        ours, theirs = _reference.attend(q, k, v, m), mha_lib.scaled_dot_product_attention(q, k, v, m)
+        ours, theirs = reference.attend(q, k, v, m), mha_lib.scaled_dot_product_attention(q, k, v, m)
         assert all(torch.allclose(a, b) for a, b in zip(ours, theirs))
     mha = mha_lib.MultiHeadAttention(8, 2).double()
-    w = _reference.projections(mha, g)
+    w = reference.projections(mha, g)
     x, src = torch.randn(2, 5, 8, generator=g, dtype=torch.float64), torch.randn(2, 3, 8, generator=g, dtype=torch.float64)
     for key, m in ((x, mha_lib.causal_mask(5)), (src, mha_lib.padding_mask([3, 2]))):
-        ours = _reference.multi_head(w, x, key, key, m, 2)
+        ours = reference.multi_head(w, x, key, key, m, 2)
         theirs = mha(x, key, key, mask=m, return_weights=True)
         assert all(torch.allclose(a, b) for a, b in zip(ours, theirs))
 

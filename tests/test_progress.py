@@ -81,7 +81,7 @@ def test_the_solutions_call_the_same_checks_so_a_solved_copy_maps_onto_the_exerc
     for stem, chapter in exercises.items():
         solution = json.loads((ROOT / "solutions" / f"{stem}.ipynb").read_text())
         cells = [c for c in solution["cells"]]
-        owners = progress._assign_cells(cells, chapter)
+        owners = progress.assign_cells(cells, chapter)
         called = {o.number for c, o in zip(cells, owners) if o and c["cell_type"] == "code"
                   and progress.check_calls("".join(c["source"]))}
         assert called == {e.number for e in chapter}, f"solutions/{stem}: checks for {called}"
@@ -221,25 +221,25 @@ def test_a_notebook_that_hangs_is_stopped_and_the_rest_is_reported(tmp_path):
 # ------------------------------------------------------------- verdicts (issue 22)
 
 def _outcome(*records):
-    from mha_course.progress.runner import _Outcome
+    from mha_course.progress.runner import Outcome
 
-    return _Outcome(records=[dict(check=c, status=s, message=m) for c, s, m in records], check_cells=1)
+    return Outcome(records=[dict(check=c, status=s, message=m) for c, s, m in records], check_cells=1)
 
 
 def test_the_last_run_of_a_check_is_its_verdict():
-    from mha_course.progress.runner import _verdict
+    from mha_course.progress.runner import verdict
 
     exercise = Exercise("03_x", "3.2", "Split", ("check_split_heads",))
     fixed = _outcome(("split into heads", "failed", "wrong values"), ("split into heads", "passed", "correct"))
-    assert _verdict(exercise, fixed) == ("passed", "passed")
+    assert verdict(exercise, fixed) == ("passed", "passed")
     broke = _outcome(("split into heads", "passed", "correct"), ("split into heads", "failed", "wrong values"))
-    assert _verdict(exercise, broke) == ("failed", "wrong values")
+    assert verdict(exercise, broke) == ("failed", "wrong values")
     two_checks = _outcome(("a", "failed", "wrong a"), ("b", "passed", "ok"), ("a", "passed", "ok"))
-    assert _verdict(Exercise("03_x", "3.3", "Two", ("check_a", "check_b")), two_checks) == ("passed", "passed")
+    assert verdict(Exercise("03_x", "3.3", "Two", ("check_a", "check_b")), two_checks) == ("passed", "passed")
 
 
 def test_a_check_waiting_on_an_earlier_exercise_says_which():
-    from mha_course.progress.runner import _definitions, _verdict
+    from mha_course.progress.runner import defined_functions, verdict
 
     first = Exercise("11_x", "11.1", "Halves", ("check_halves_mask",))
     second = Exercise("11_x", "11.2", "Restricted", ("check_restricted_attention",))
@@ -247,16 +247,16 @@ def test_a_check_waiting_on_an_earlier_exercise_says_which():
              {"cell_type": "code", "source": "def halves_mask(seq_len):\n    raise NotImplementedError"},
              {"cell_type": "markdown", "source": "### Exercise 11.2 · Restricted"},
              {"cell_type": "code", "source": "def restricted_attention(mha, x):\n    return mha(x, x, x)"}]
-    owners = progress._assign_cells(cells, [first, second])
-    definitions = _definitions(cells, owners)
+    owners = progress.assign_cells(cells, [first, second])
+    definitions = defined_functions(cells, owners)
     assert definitions == {"halves_mask": "11.1", "restricted_attention": "11.2"}
     waiting = _outcome(("restricted multi-head attention", "not implemented",
                         "not implemented yet: it calls halves_mask, which still raises NotImplementedError"))
-    assert _verdict(second, waiting, definitions) == (
+    assert verdict(second, waiting, definitions) == (
         "not implemented", "waits for exercise 11.1: halves_mask is not implemented yet")
-    assert _verdict(second, waiting, {}) == ("not implemented", "waits for halves_mask, which is not implemented yet")
+    assert verdict(second, waiting, {}) == ("not implemented", "waits for halves_mask, which is not implemented yet")
     own_stub = _outcome(("halves mask", "not implemented", "not implemented yet (it raises NotImplementedError)"))
-    assert _verdict(first, own_stub, definitions) == ("not implemented", "not implemented yet")
+    assert verdict(first, own_stub, definitions) == ("not implemented", "not implemented yet")
 
 
 def test_waiting_and_last_runs_in_a_kernel(tmp_path):

@@ -35,11 +35,10 @@ from __future__ import annotations
 from .exercises import EXERCISE_HEADING, TITLE_HEADING, Exercise, check_calls, course_exercises, notebook_title
 from .results import (ERROR, FAILED, ICONS, NO_CHECK, NOT_IMPLEMENTED, NOT_RUN, NOT_STARTED, PASSED, TIMED_OUT,
                       UNREADABLE, Report, Row)
-from .runner import DEFAULT_TIMEOUT, check_workspace
-from .runner import _assign_cells  # noqa: F401 - the tests check which exercise each cell belongs to
+from .runner import DEFAULT_TIMEOUT, assign_cells, check_workspace
 from .table import main, render
 
-__all__ = ["Exercise", "Row", "course_exercises", "check_workspace", "render", "main",
+__all__ = ["Exercise", "Row", "assign_cells", "course_exercises", "check_workspace", "render", "main",
            # also here, as in the one module this package once was:
            "DEFAULT_TIMEOUT", "Report", "check_calls", "notebook_title", "EXERCISE_HEADING", "TITLE_HEADING",
            "ICONS", "PASSED", "NOT_IMPLEMENTED", "FAILED", "ERROR",

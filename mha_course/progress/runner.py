@@ -30,13 +30,13 @@ from .results import (ERROR, FAILED, NO_CHECK, NOT_IMPLEMENTED, NOT_RUN, NOT_STA
 if TYPE_CHECKING:  # nbformat is imported only when a notebook is read
     from nbformat import NotebookNode
 
-__all__ = ["DEFAULT_TIMEOUT", "check_workspace"]
+__all__ = ["DEFAULT_TIMEOUT", "Outcome", "assign_cells", "check_workspace", "defined_functions", "verdict"]
 
 DEFAULT_TIMEOUT = 120  # seconds of running cells, per notebook (the kernel's start is not counted)
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What the cells of one exercise did while its notebook ran."""
 
     records: list[dict] = field(default_factory=list)  # the check's JSON lines
@@ -45,7 +45,7 @@ class _Outcome:
     stopped: str | None = None  # TIMED_OUT or ERROR (the kernel died): the run ended here
 
 
-def _assign_cells(cells: list[dict], exercises: list[Exercise]) -> list[Exercise | None]:
+def assign_cells(cells: list[dict], exercises: list[Exercise]) -> list[Exercise | None]:
     """Which exercise each cell of the learner's copy belongs to: the one whose check it
     calls, else the one under whose heading it stands (in the copy, which may be edited)."""
     by_check: dict[str, Exercise] = {}
@@ -86,7 +86,7 @@ def _cell(cell: NotebookNode) -> str:
 
 
 def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeout: float,
-         outcomes: dict[str, _Outcome]) -> Row | None:
+         outcomes: dict[str, Outcome]) -> Row | None:
     """Run the notebook's cells up to its last check, in one fresh kernel, and fill in
     ``outcomes``. Returns a row for the whole notebook when the run stopped outside every
     exercise (a cell at the top that hangs, or a kernel that dies there)."""
@@ -172,7 +172,7 @@ def _record(line: str) -> dict:
 _WAITS_FOR = re.compile(r"it calls (\w+), which still raises NotImplementedError")
 
 
-def _definitions(cells: list, owners: list[Exercise | None]) -> dict[str, str]:
+def defined_functions(cells: list, owners: list[Exercise | None]) -> dict[str, str]:
     """``{function name: the number of the exercise whose cells define it}`` in the learner's copy."""
     found: dict[str, str] = {}
     for cell, owner in zip(cells, owners):
@@ -196,10 +196,10 @@ def _waiting(exercise: Exercise, records: list[dict], definitions: dict[str, str
     return "not implemented yet"
 
 
-def _verdict(exercise: Exercise, outcome: _Outcome, definitions: dict[str, str] | None = None) -> tuple[str, str]:
+def verdict(exercise: Exercise, outcome: Outcome, definitions: dict[str, str] | None = None) -> tuple[str, str]:
     """(status, message) of one exercise from what its cells did. Each check's last run is its verdict
     (a wrong attempt above a fixed one no longer counts); ``definitions``: which exercise defines
-    each of the learner's functions (:func:`_definitions`)."""
+    each of the learner's functions (:func:`defined_functions`)."""
     if outcome.stopped == NOT_RUN:
         return NOT_RUN, "not checked: the notebook stopped earlier (see above)"
     if outcome.stopped in (TIMED_OUT, ERROR):
@@ -249,16 +249,16 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> li
     for cell in nb.cells:  # a copy in memory: nothing is ever written back
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    owners = _assign_cells(nb.cells, exercises)
-    outcomes = {e.number: _Outcome() for e in exercises}
+    owners = assign_cells(nb.cells, exercises)
+    outcomes = {e.number: Outcome() for e in exercises}
     try:
         whole = _run(nb, path.parent, owners, timeout, outcomes)
     except Exception as error:  # noqa: BLE001 - the kernel would not start, ...
         return [Row(chapter, None, ERROR, f"could not run workspace/{path.name}: "
                                           f"{type(error).__name__}: {_one_line(str(error))}")]
     rows = [Row(chapter, None, whole.status, whole.message)] if whole else []
-    definitions = _definitions(nb.cells, owners)
-    return rows + [Row(chapter, e, *_verdict(e, outcomes[e.number], definitions)) for e in exercises]
+    definitions = defined_functions(nb.cells, owners)
+    return rows + [Row(chapter, e, *verdict(e, outcomes[e.number], definitions)) for e in exercises]
 
 
 def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..efficient import EfficientMultiHeadAttention
 from ..multi_head import MultiHeadAttention
+from ..validation import check_heads, check_positive_int
 
 __all__ = ["BASELINE", "DTYPES", "EXPLICIT", "MASKS", "MODES", "VARIANTS", "Step", "make_mask", "make_step",
            "make_variants"]
@@ -32,8 +33,9 @@ Variant = Callable[..., Tensor]  # (x (B, L, D), mask=None) -> output (B, L, D)
 def make_mask(kind: str, length: int, num_heads: int, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> Tensor | None:
     """The mask ``kind`` (a key of ``MASKS``) for ``length`` tokens, in mha_lib's convention."""
-    if kind not in MASKS:
+    if not isinstance(kind, str) or kind not in MASKS:
         raise ValueError(f"mask must be one of {list(MASKS)}, got {kind!r}")
+    length, num_heads = check_positive_int(length, "length"), check_positive_int(num_heads, "num_heads")
     if kind == "none":
         return None
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # (L, L)
@@ -145,6 +147,8 @@ class Step:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mask not in MASKS:
             raise ValueError(f"mask must be one of {list(MASKS)}, got {mask!r}")
+        length, batch = check_positive_int(length, "length"), check_positive_int(batch, "batch")
+        d_model, num_heads, dropout = check_heads(d_model, num_heads, dropout)
         self.settings = dict(variant=variant, mode=mode, length=length, batch=batch, d_model=d_model,
                              num_heads=num_heads, dtype=dtype, device=torch.device(device), mask=mask,
                              dropout=dropout, seed=seed)

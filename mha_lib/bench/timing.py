@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
+
+from ..validation import check_device, check_positive_int, check_positive_number, check_whole
 
 __all__ = ["synchronize", "time_steps"]
 
@@ -33,7 +35,13 @@ def time_steps(
     ``r`` runs the steps in an order rotated by ``r``, so that none always runs first or last.
     On CUDA and MPS the device is synchronised before the clock starts and stops.
     """
-    device = torch.device(device)
+    if not isinstance(steps, Mapping) or not all(callable(step) for step in steps.values()):
+        raise TypeError(f"steps must be a dict of functions that take no arguments, {{name: step}}, got {steps!r}")
+    repeats, min_time = check_positive_int(repeats, "repeats"), check_positive_number(min_time, "min_time", zero=True)
+    warmup = check_whole(warmup, "warmup", "an int >= 0")
+    if warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0 (0 still runs each step once first), got {warmup}")
+    device = check_device(device)
     names = list(steps)
     calls = {}
     for name in names:

@@ -15,7 +15,7 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 ``MHA_CHECK_RAISE=1`` a failed check raises (how CI fails on it). See ``_result.py``.
 
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
-(validation, diagnosis), ``_reference`` (the one reference implementation), then one
+(validation, diagnosis), ``reference`` (the one reference implementation), then one
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
 ``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` (06),
 ``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per

@@ -3,7 +3,7 @@ comparing it with the reference, and naming the mistake that reproduces it.
 
 A check never raises because of the learner's code. Each step that can go wrong
 raises :class:`Verdict` internally, which :func:`run_check` turns into a
-:class:`CheckResult`. The reference answers (``_reference``) are computed inside
+:class:`CheckResult`. The reference answers (``reference``) are computed inside
 ``mha_lib`` and are never shown; only the verdict and a hint are.
 """
 

@@ -28,7 +28,7 @@ from ._core import (
     sqrt,
     unpack_pair,
 )
-from ._reference import attend, flavours
+from .reference import attend, flavours
 
 SCALE_HINT = "Divide the scores by math.sqrt(d_k), where d_k = query.size(-1), before the softmax."
 NO_SQRT_HINT = "Divide by the square root: math.sqrt(d_k), not d_k."

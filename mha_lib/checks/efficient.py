@@ -29,7 +29,7 @@ from ._core import (
     run_check,
     sqrt,
 )
-from ._reference import attend, linear, projections
+from .reference import attend, linear, projections
 from .attention import SCALE_HINT
 
 

@@ -1,6 +1,6 @@
 """Checks for chapter 07: the pre-norm encoder layer, and a head silenced before ``W_o``.
 
-The references are :mod:`._reference`'s attention, on a ``MultiHeadAttention`` (or the learner's
+The references are :mod:`.reference`'s attention, on a ``MultiHeadAttention`` (or the learner's
 layer) with distinct seeded weights, so that a misplaced norm or residual shows.
 """
 
@@ -16,7 +16,7 @@ from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
-from ._reference import linear, multi_head, projections
+from .reference import linear, multi_head, projections
 
 
 def _randomize(module: nn.Module, g: torch.Generator) -> None:

@@ -1,6 +1,6 @@
 """Check for chapter 10: attention with a key/value cache, decoding chunk by chunk with RoPE.
 
-Decoding must equal causal rotary attention over the whole sequence (:mod:`._reference`'s
+Decoding must equal causal rotary attention over the whole sequence (:mod:`.reference`'s
 attention on keys rotated by :func:`.positions.rotate`), and the learner's function must keep
 no state of its own: it is called twice with the same arguments, and two sequences are decoded
 in turn.
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
-from ._reference import attend as reference_attend
+from .reference import attend as reference_attend
 from .positions import rotate
 
 CACHE_CONTRACT = ("With T tokens cached, the n new ones sit at positions T .. T+n-1: rotate the new query and key "

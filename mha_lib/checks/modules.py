@@ -27,7 +27,7 @@ from ._core import (
     run_check,
     sqrt,
 )
-from ._reference import Weights, flavours, linear, multi_head, projections, set_weights
+from .reference import Weights, flavours, linear, multi_head, projections, set_weights
 from .attention import INVERTED_HINT, NO_SQRT_HINT
 from .heads import COMBINE_HINT, TRANSPOSE_HINT
 

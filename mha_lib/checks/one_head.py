@@ -23,7 +23,7 @@ from ._core import (
     sqrt,
     unpack_pair,
 )
-from ._reference import attend, flavours, linear, set_weights
+from .reference import attend, flavours, linear, set_weights
 from .attention import INVERTED_HINT, NO_SQRT_HINT
 from .modules import forward_of, instantiate, linear_attr, mha_cases
 

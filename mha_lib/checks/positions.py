@@ -25,8 +25,8 @@ from ._core import (
     randn,
     run_check,
 )
-from ._reference import attend as reference_attend
-from ._reference import flavours
+from .reference import attend as reference_attend
+from .reference import flavours
 
 CONVENTION = ("The course pairs feature i with feature i + d_k/2 (half-split): a, b = x[..., :d_k//2], "
               "x[..., d_k//2:], then cat([a·cos - b·sin, a·sin + b·cos], dim=-1), with the angle "

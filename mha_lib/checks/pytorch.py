@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..masks import causal_mask, padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import CheckResult, call, close, expect_tensor, fail, gen, randn, run_check
-from ._reference import multi_head, projections
+from .reference import multi_head, projections
 
 CONVENTION_HINT = ("nn.MultiheadAttention's masks mean True = *blocked*, the opposite of mha_lib and "
                    "F.scaled_dot_product_attention: invert with ~mask.")

@@ -23,7 +23,7 @@ from ._core import (
     run_check,
     unpack_pair,
 )
-from ._reference import multi_head, projections
+from .reference import multi_head, projections
 
 DEFINITION = ("For every query, head 0 may attend to the keys at positions [0, L//2) and head 1 to "
               "[L//2, L): mask[0, :, :L//2] = True and mask[1, :, L//2:] = True.")

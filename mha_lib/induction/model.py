@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..masks import causal_mask
 from ..multi_head import MultiHeadAttention
 from ..positions import sinusoidal_positions
-from ..validation import check_heads, check_positive_int
+from ..validation import check_flag, check_heads, check_positive_int
 
 __all__ = ["POSITIONS", "AttentionOnlyTransformer", "HeadRef"]
 
@@ -90,7 +90,7 @@ class AttentionOnlyTransformer(nn.Module):
             raise ValueError(f"tokens are on {tokens.device} but the model is on {self.unembed.weight.device}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got ids from "
-                             f"{tokens.min().item()} to {tokens.max().item()}")
+                             f"{tokens.min().item()} to {tokens.max().item()} in tokens")
 
     def _check_remove(self, remove_from: Mapping[str, Iterable[HeadRef]] | None) -> dict[str, list[HeadRef]]:
         remove = {name: [] for name in INPUTS}
@@ -173,6 +173,7 @@ class AttentionOnlyTransformer(nn.Module):
             logits ``(B, L, V)`` (position ``t`` predicts token ``t + 1``), or
             ``(logits, weights)`` with ``weights`` a list of ``(B, H, L, L)``, one per layer.
         """
+        return_weights = check_flag(return_weights, "return_weights")
         logits, weights, _ = self._run(tokens, remove_from, keep_heads=False)
         return (logits, weights) if return_weights else logits
 

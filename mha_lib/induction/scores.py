@@ -28,11 +28,19 @@ __all__ = ["duplicate_token_score", "induction_score", "induction_queries", "pre
            "uniform_induction_score", "uniform_previous_token_score"]
 
 
+def _check_batch(batch: object) -> None:
+    if not isinstance(batch, RepeatBatch):
+        raise TypeError(f"batch must be the RepeatBatch the weights were computed on (from repeated_segments), "
+                        f"got {type(batch).__name__}")
+
+
 def _check_weights(weights: Tensor) -> tuple[int, int, int]:
     if not isinstance(weights, Tensor) or weights.dim() != 4 or weights.size(-1) != weights.size(-2):
         shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
         raise ValueError(f"weights must be one layer's attention weights (B, H, L, L), got {shape}; "
                          "model(tokens, return_weights=True)[1][layer] has that shape")
+    if not weights.is_floating_point():
+        raise TypeError(f"weights must be attention weights, floating point, got dtype {weights.dtype}")
     B, H, L, _ = weights.shape
     return B, H, L
 
@@ -67,6 +75,7 @@ def induction_queries(batch: RepeatBatch) -> tuple[Tensor, Tensor]:
     Query ``second + i`` (``0 <= i <= length - 2``) has key ``first + i + 1``; the key of
     other positions is 0 and meaningless.
     """
+    _check_batch(batch)
     L = batch.tokens.size(1)
     t = torch.arange(L, device=batch.tokens.device)  # (L,)
     second, first, length = batch.second[:, None], batch.first[:, None], batch.length[:, None]
@@ -78,6 +87,7 @@ def induction_queries(batch: RepeatBatch) -> tuple[Tensor, Tensor]:
 def _score_on_keys(weights: Tensor, batch: RepeatBatch, shift: int) -> Tensor:
     """``(H,)``: mean weight from each induction query to its induction key moved by ``shift``."""
     B, H, L = _check_weights(weights)
+    _check_batch(batch)
     if tuple(batch.tokens.shape) != (B, L):
         raise ValueError(f"weights {tuple(weights.shape)} don't belong to a batch of tokens {tuple(batch.tokens.shape)}")
     queries, keys = induction_queries(batch)  # (B, L), (B, L)
@@ -106,6 +116,6 @@ def induction_score(weights: Tensor, batch: RepeatBatch) -> Tensor:
 
 def uniform_induction_score(batch: RepeatBatch) -> float:
     """The induction score of uniform causal attention: mean of ``1 / (t + 1)`` over the same queries."""
-    queries, _ = induction_queries(batch)
+    queries, _ = induction_queries(batch)  # checks the batch
     t = torch.arange(batch.tokens.size(1), dtype=torch.float64)
     return ((1.0 / (t + 1)) * queries).sum().item() / queries.sum().item()

@@ -10,13 +10,14 @@ token) and on the rest separately. Nothing can predict the rest better than unif
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..validation import check_positive_int
+from ..validation import check_positive_int, check_positive_number, describe
 from .data import RepeatBatch, check_task, repeated_segments
 from .model import AttentionOnlyTransformer
 
@@ -28,6 +29,17 @@ def losses(logits: Tensor, batch: RepeatBatch) -> tuple[Tensor, Tensor, Tensor]:
 
     ``logits`` ``(B, L, V)``: position ``t`` predicts token ``t + 1``, so token 0 is never scored.
     """
+    if not isinstance(batch, RepeatBatch):
+        raise TypeError(f"batch must be a RepeatBatch (from repeated_segments), got {type(batch).__name__}")
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() != 3:
+        raise ValueError(f"logits must be a float tensor (B, L, V), the model's output, got {describe(logits)}")
+    if logits.shape[:2] != batch.tokens.shape or logits.size(-1) <= batch.tokens.max():
+        raise ValueError(f"logits {tuple(logits.shape)} don't fit the batch's tokens {tuple(batch.tokens.shape)}: "
+                         "they must be (B, L, V) with V above every token id, model(batch.tokens)")
+    return _losses(logits, batch)
+
+
+def _losses(logits: Tensor, batch: RepeatBatch) -> tuple[Tensor, Tensor, Tensor]:
     V = logits.size(-1)
     per_token = F.cross_entropy(logits[:, :-1].reshape(-1, V), batch.tokens[:, 1:].reshape(-1), reduction="none")
     predictable = batch.predictable[:, 1:].reshape(-1)  # (B * (L - 1),)
@@ -66,7 +78,10 @@ def train_induction(
         ``"loss_all"``, one entry per record, and ``"seconds"``: the training time. Leaves
         the model in eval mode and PyTorch's global state (threads, grad mode, RNG) as found.
     """
+    if not isinstance(model, AttentionOnlyTransformer):
+        raise TypeError(f"model must be an AttentionOnlyTransformer, got {type(model).__name__}")
     steps = check_positive_int(steps, "steps")
+    lr, weight_decay = check_positive_number(lr, "lr"), check_positive_number(weight_decay, "weight_decay", zero=True)
     batch_size = check_positive_int(batch_size, "batch_size")
     log_every = check_positive_int(log_every, "log_every")
     seq_len = model.max_len if seq_len is None else seq_len
@@ -88,7 +103,7 @@ def train_induction(
             for step in range(steps + 1):
                 batch = repeated_segments(batch_size, seq_len, model.vocab_size, segment, generator=generator).to(device)
                 with torch.set_grad_enabled(step < steps):  # the last record only measures
-                    everything, predictable, other = losses(model(batch.tokens), batch)
+                    everything, predictable, other = _losses(model(batch.tokens), batch)
                 if step == steps or step % log_every == 0:  # this batch's losses, before its update
                     history["step"].append(step)
                     history["loss"].append(predictable.item())
@@ -116,6 +131,8 @@ def phase_change_step(history: dict[str, list[float]], threshold: float) -> int 
     A natural threshold is ``math.log(V) / 2``: halfway between a model that knows nothing
     (uniform over the vocabulary, ``ln V``) and one that copies perfectly (0).
     """
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(threshold):
+        raise ValueError(f"threshold must be a number (a loss, e.g. math.log(vocab_size) / 2), got {threshold!r}")
     for step, loss in zip(history["step"], history["loss"]):
         if loss < threshold:
             return int(step)

@@ -50,7 +50,8 @@ MAX_SENTENCES = 100_000
 def tokenize(text: str) -> list[str]:
     """Lower-case and split on white space: ``"The movie was not bad" -> ["the", ..., "bad"]``."""
     if not isinstance(text, str):
-        raise TypeError(f"tokenize expects a string, got {type(text).__name__}")
+        raise TypeError(f"tokenize expects a string, got {type(text).__name__}: text must be a str, "
+                        "e.g. 'a good film'")
     return text.lower().split()
 
 
@@ -171,6 +172,10 @@ class Vocab:
     def __init__(self, words: Iterable[str]) -> None:
         if isinstance(words, str) or not isinstance(words, Iterable):
             raise TypeError(f"words must be a list of words, got {type(words).__name__}; for a text use tokenize(text)")
+        words = list(words)
+        if not all(isinstance(w, str) for w in words):
+            bad = next(w for w in words if not isinstance(w, str))
+            raise TypeError(f"words must be strings, got {bad!r} (a {type(bad).__name__}); e.g. tokenize(text)")
         specials = [self.pad, self.unk, self.cls]
         self.itos = specials + sorted(set(words) - set(specials))
         self.stoi = {word: i for i, word in enumerate(self.itos)}

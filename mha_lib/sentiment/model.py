@@ -14,7 +14,6 @@ with ``torch.set_num_threads(1)``, as chapter 07 and the seed study do.
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encoder import EncoderLayer
-from ..validation import check_heads, check_mask, check_positive_int, check_whole
+from ..validation import check_flag, check_heads, check_mask, check_positive_int, check_positive_number, check_whole
 from .data import Example, Sentence, Vocab, batch_examples, check_examples
 
 __all__ = ["MaskLike", "SentimentClassifier", "evaluate", "predict", "train_model"]
@@ -43,16 +42,8 @@ def _token_id(value: object, name: str, vocab_size: int) -> int:
 
 
 def _check_model(model: object) -> None:
-    if not isinstance(model, nn.Module):
+    if not isinstance(model, SentimentClassifier):
         raise TypeError(f"model must be a SentimentClassifier, got {type(model).__name__}")
-
-
-def _check_rate(value: object, name: str, *, zero: bool = False) -> float:
-    """A finite number > 0 (or >= 0 with ``zero``), such as a learning rate."""
-    number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or not (value > 0 or (zero and value == 0)):
-        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'}, finite number, got {value!r}")
-    return float(value)
 
 
 class SentimentClassifier(nn.Module):
@@ -144,6 +135,7 @@ class SentimentClassifier(nn.Module):
             ``weights`` a list of ``(B, H, L, L)``, one per layer.
         """
         self._check_tokens(tokens)
+        return_weights = check_flag(return_weights, "return_weights")
         B, L = tokens.shape
         attn_mask = (tokens != self.pad_id)[:, None, None, :]  # (B, 1, 1, L): nobody attends to padding
         if mask is not None:
@@ -155,7 +147,7 @@ class SentimentClassifier(nn.Module):
         positions = torch.arange(L, device=tokens.device)  # (L,)
         x = self.token_embedding(tokens) + self.position_embedding(positions)  # (B, L, D)
         weights = []
-        for layer in self.layers:
+        for layer in self.layers:  # each layer's door sees a checked x and mask: a few comparisons, no data read
             x, w = layer(x, attn_mask, return_weights=True)  # (B, L, D), (B, H, L, L)
             weights.append(w)
         logits = self.classifier(self.norm(x[:, 0]))  # the <cls> vector (B, D) -> (B, 2)
@@ -246,7 +238,7 @@ def train_model(
     seed, reports = check_whole(seed, "seed"), check_whole(reports, "reports")
     if reports < 0:
         raise ValueError(f"reports must be >= 0 (0 prints nothing), got {reports}")
-    lr, weight_decay = _check_rate(lr, "lr"), _check_rate(weight_decay, "weight_decay", zero=True)
+    lr, weight_decay = check_positive_number(lr, "lr"), check_positive_number(weight_decay, "weight_decay", zero=True)
     device = device_of(model)
     tokens = batch_examples(train, vocab).to(device)  # (N, L)
     labels = torch.tensor([e.label for e in train], device=device)  # (N,)

@@ -133,6 +133,7 @@ def feed_forward_off(model: nn.Module) -> Iterator[None]:
 def four_groups(examples: Sequence[Example]) -> dict[str, list[Example]]:
     """Chapter 07's groups: ``{"plain+", "plain-", "negated+", "negated-"}``, where + / -
     is the sentiment word's own polarity (so "negated+" is "not good", label negative)."""
+    check_examples(examples, "examples")
     groups: dict[str, list[Example]] = {name: [] for name in FOUR_GROUPS}
     for e in examples:
         groups[("negated" if e.negated else "plain") + ("+" if e.word_is_positive else "-")].append(e)

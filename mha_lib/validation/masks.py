@@ -74,6 +74,11 @@ def _shape_hint(mask: torch.Size, scores: torch.Size) -> str:
     return ""
 
 
+def _fits(mask: torch.Size, scores: tuple[int, ...]) -> bool:
+    """Whether a mask of at most as many dimensions broadcasts to the scores without growing them."""
+    return all(m == 1 or m == n for m, n in zip(reversed(mask), reversed(scores)))
+
+
 def check_mask(mask: Tensor, scores_shape: torch.Size, device: torch.device | None = None,
                values: bool = True) -> None:
     """Raise a clear error if ``mask`` can't be used on scores of ``scores_shape``.
@@ -85,6 +90,10 @@ def check_mask(mask: Tensor, scores_shape: torch.Size, device: torch.device | No
     a valid "no bias" and passes), float masks with NaN or +inf, and a mask on another ``device``.
     ``values=False`` skips reading a float mask's values (a host sync on a GPU), e.g. while decoding.
     """
+    if (isinstance(mask, Tensor) and (mask.dtype == torch.bool or (not values and mask.is_floating_point()))
+            and mask.ndim <= len(scores_shape)
+            and (device is None or mask.device == device) and _fits(mask.shape, scores_shape)):
+        return  # the common case (a mask a caller checked or built, checked again per layer): comparisons only
     check_mask_kind(mask, device)
     scores_shape = torch.Size(scores_shape)
     try:

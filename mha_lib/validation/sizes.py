@@ -13,7 +13,7 @@ import operator
 import torch
 
 __all__ = ["check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
-           "check_rotary", "check_whole", "check_base", "check_device", "describe"]
+           "check_positive_number", "check_rotary", "check_whole", "check_base", "check_device", "describe"]
 
 
 def check_whole(value: object, name: str, what: str = "a whole number (an int)") -> int:
@@ -132,6 +132,14 @@ def check_device(device: object, name: str = "device") -> torch.device | None:
     except (RuntimeError, TypeError):
         raise ValueError(f"{name} must be a torch.device or a name such as 'cpu', 'cuda' or 'cuda:0', "
                          f"got {device!r}") from None
+
+
+def check_positive_number(value: object, name: str, *, zero: bool = False) -> float:
+    """``value`` as a ``float`` if it is a finite number > 0 (>= 0 with ``zero``), such as a learning rate."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not (value > 0 or (zero and value == 0)):
+        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'}, finite number, got {value!r}")
+    return float(value)
 
 
 def check_base(base: object) -> float:

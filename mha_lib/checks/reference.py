@@ -1,7 +1,7 @@
 """The one reference implementation every check compares against, in float64.
 
 :func:`attend` and :func:`multi_head` compute the right answer with their default
-arguments (tests/test_checks.py proves they equal ``mha_lib.scaled_dot_product_attention``
+arguments (tests/test_check_gallery.py proves they equal ``mha_lib.scaled_dot_product_attention``
 and ``mha_lib.MultiHeadAttention``); each keyword argument turns one knob that a common
 mistake turns, so that a check can tell which mistake reproduces a wrong answer.
 """
