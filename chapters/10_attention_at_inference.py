@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 10 · Attention at inference: the key/value cache, shared heads, sliding windows
+# # Chapter 10 · Attention at inference: the key/value cache, shared heads, sliding windows, latent attention
 #
 # A language model writes one token at a time. To pick token `t + 1` it runs its layers over
 # everything written so far, then appends the new token and does it again. Run naively, every
@@ -22,7 +22,9 @@
 # to avoid that, the **key/value cache**, what it costs in memory and in bytes read per step,
 # and the two changes to multi-head attention that most of today's models make to keep it
 # small: **fewer key/value heads** (multi-query and grouped-query attention) and **sliding
-# windows** (with attention sinks); section 6 names the others.
+# windows** (with attention sinks); section 6 names the others, and section 7 builds one of them,
+# DeepSeek-V2's **multi-head latent attention**, which caches one small vector per token and
+# rebuilds every head's keys and values from it.
 #
 # **By the end of this chapter you will be able to**
 #
@@ -36,27 +38,34 @@
 #   heads share which key/value head, and how much memory that saves;
 # - build a sliding-window mask with `mha_lib.sliding_window_mask`, decode with it, and show
 #   that the cache then never needs more than the window, keeping attention sinks if asked;
-# - compute the bytes a decoding step reads, and why sharing key/value heads makes it faster.
+# - compute the bytes a decoding step reads, and why sharing key/value heads makes it faster;
+# - decode with `mha_lib.MultiHeadLatentAttention`, which caches a small latent instead of keys and
+#   values, fold its up-projections into the queries and the output projection, and say why plain
+#   RoPE prevents that fold and what DeepSeek-V2 does instead.
 #
 # *Sources.* N. Shazeer, "Fast Transformer Decoding: One Write-Head is All You Need" (2019),
 # multi-query attention. J. Ainslie et al., "GQA: Training Generalized Multi-Query Transformer
 # Models from Multi-Head Checkpoints" (2023). I. Beltagy et al., "Longformer: The
 # Long-Document Transformer" (2020), local attention; A. Jiang et al., "Mistral 7B" (2023), the
 # causal sliding window and its rolling cache. G. Xiao et al., "Efficient Streaming Language
-# Models with Attention Sinks" (2024). DeepSeek-AI, "DeepSeek-V2" (2024), multi-head latent
-# attention. The 7B-class configuration (32 layers, 32 heads of 128) is LLaMA-2-7B's
+# Models with Attention Sinks" (2024). DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient
+# Mixture-of-Experts Language Model" (2024, arXiv:2405.04434), multi-head latent attention (MLA) and
+# its decoupled RoPE, section 2.1. The 7B-class configuration (32 layers, 32 heads of 128) is LLaMA-2-7B's
 # (H. Touvron et al., "Llama 2", 2023).
 
 # %% [markdown]
 # ## Set-up
 
 # %%
+import copy
+
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from mha_lib import (KVCache, MultiHeadAttention, causal_mask, combine_heads, get_device, kv_cache_bytes, plot_attention,
-                     repeat_kv, seed_everything, sliding_window_mask, split_heads)
+from mha_lib import (KVCache, LatentCache, MultiHeadAttention, MultiHeadLatentAttention, apply_rotary, causal_mask,
+                     combine_heads, get_device, kv_cache_bytes, latent_cache_bytes, plot_attention, repeat_kv,
+                     seed_everything, sliding_window_mask, split_heads)
 from mha_lib.bench.decode import decode_benchmark, format_result
 
 device = get_device()
@@ -430,10 +439,164 @@ assert kv_cache_bytes(32, 32, 128, 4096, batch=32) > 4 * weights_bytes and mha_3
 # attention; with 8 groups a step reads 2.7 times fewer bytes, so it takes well under half the
 # time.
 # That, as much as capacity, is why serving favours GQA and MQA. Today's models go further:
-# multi-head *latent* attention (DeepSeek-V2) caches one small latent vector per token (and a
-# small rotary key) from which every head's keys and values are recomputed; caches are
-# quantised to 8 or 4 bits; some models share one cache between neighbouring layers; and
-# Gemma 2 alternates windowed and global layers, Gemma 3 keeps one global layer in six.
+# DeepSeek-V2 caches one small vector per token instead of keys and values (multi-head latent
+# attention, the next section); caches are quantised to 8 or 4 bits; some models share one cache
+# between neighbouring layers; and Gemma 2 alternates windowed and global layers, Gemma 3 keeps
+# one global layer in six.
+
+# %% [markdown]
+# ## 7. Multi-head latent attention: cache a latent, not keys and values
+#
+# GQA makes heads share their keys and values. DeepSeek-V2's **multi-head latent attention**
+# (MLA) keeps a key and a value for every head, and caches none of them. Each token's input `x_j`
+# is compressed by a down-projection into one **latent** vector of `d_c` features, shared by all
+# heads, and each head rebuilds its key and value from it with up-projections of its own:
+#
+# $$c_j = W_{dkv}\, x_j, \qquad k_{j,h} = W_{uk}[h]\, c_j, \qquad v_{j,h} = W_{uv}[h]\, c_j.$$
+#
+# Only `c_j` is cached: `d_c` numbers per token and layer instead of `2 · H · d_k`. The price is
+# a constraint the model learns with: every head's keys and values are linear functions of the
+# same `d_c` numbers (`W_uk · W_dkv` has rank at most `d_c`), so MLA is an architecture to train,
+# not a way to shrink a trained multi-head model's cache for free. `mha_lib.MultiHeadLatentAttention(d_model,
+# num_heads, d_latent)` has the five projections, and `LatentCache` is its cache, used like
+# `KVCache`. On section 1's layer (64 wide, 8 heads of 8) with a latent of 16 features:
+
+# %%
+mla = MultiHeadLatentAttention(d_model, H, d_latent=16).to(device).eval()
+for name in ("W_q", "W_dkv", "W_uk", "W_uv", "W_o"):
+    print(f"{name:5} {tuple(getattr(mla, name).weight.shape)}")
+latent_cache, kv_cache = LatentCache(), KVCache()
+with torch.no_grad():
+    reference = mla(x, x, x, mask=causal_mask(L, device=device))
+    decoded = torch.cat([decode_step(mla, x[:, t : t + 1], latent_cache) for t in range(L)], dim=1)
+    for t in range(L):
+        decode_step(mha, x[:, t : t + 1], kv_cache)  # section 1's multi-head layer, for comparison
+assert torch.allclose(decoded, reference, atol=1e-5)
+print("one token per step, with a LatentCache == one causal forward (within 1e-5):", True)
+print(f"LatentCache: latent {tuple(latent_cache.latent.shape)} (B, T, d_latent), {latent_cache.nbytes} bytes")
+print(f"KVCache of the 8-head layer: keys and values 2 x {tuple(kv_cache.keys.shape)}, {kv_cache.nbytes} bytes")
+assert kv_cache.nbytes == 8 * latent_cache.nbytes  # 2 · 8 · 8 = 128 numbers a token, against 16
+
+# %% [markdown]
+# **The absorption.** Rebuilding every cached token's keys and values at every step would spend
+# in arithmetic what the cache saved in memory. It is not needed: both up-projections can be moved
+# out of the way. A head's score is
+#
+# $$q_h \cdot k_{j,h} = q_h^\top W_{uk}[h]\, c_j = \left(W_{uk}[h]^\top q_h\right) \cdot c_j :$$
+#
+# fold `W_uk[h]` into the query, and the head scores the cached latents directly. A head's output,
+# before `W_o`, is `Σ_j w_j W_uv[h] c_j = W_uv[h] (Σ_j w_j c_j)`: blend the latents with the
+# weights, and fold `W_uv[h]` into the block of `W_o` that reads head `h`. Keys and values are
+# never built; every head attends over the same cached latents, like multi-query attention whose
+# one key and one value are the latent itself. The scores keep their `1/√d_k` (each is the same
+# number, computed in another order), so an attention function that divides by the square root of
+# its own key width, `d_c`, gets queries multiplied by `√(d_c / d_k)`. `forward(..., absorb=True)`
+# does all that, and `absorbed_weights()` gives the two folded matrices. In float64, to show that
+# the two orders differ by rounding only:
+
+# %%
+W_uk, W_ov = mla.absorbed_weights()
+print("W_uk per head:          ", tuple(W_uk.shape), " (H, d_k, d_latent): each query becomes W_uk[h]ᵀ q_h")
+print("W_o with W_uv folded in:", tuple(W_ov.shape), "(d_model, H, d_latent): reads the blended latents")
+exact, x64 = copy.deepcopy(mla).double(), x.double()
+with torch.no_grad():
+    out, weights = exact(x64, x64, x64, mask=causal_mask(L, device=device), return_weights=True)
+    out_absorbed, weights_absorbed = exact(x64, x64, x64, mask=causal_mask(L, device=device), return_weights=True,
+                                           absorb=True)
+assert torch.allclose(out_absorbed, out, atol=1e-12) and torch.allclose(weights_absorbed, weights, atol=1e-12)
+print("absorbed == unabsorbed, outputs and weights (float64, within 1e-12):", True)
+latent_cache = LatentCache()
+with torch.no_grad():
+    steps = [mla(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=latent_cache, absorb=True) for t in range(L)]
+assert torch.allclose(torch.cat(steps, dim=1), reference, atol=1e-5)
+print("decoding absorbed, with the LatentCache == one causal forward (within 1e-5):", True)
+
+# %% [markdown]
+# **Why not plain RoPE?** RoPE rotates a head's key after `W_uk`, by the key's position `j`, and
+# the query by its position `i`, and the score becomes
+# `(R_i q)ᵀ R_j W_uk[h] c_j = qᵀ R_{j-i} W_uk[h] c_j` (chapter 06: rotations compose into the
+# rotation by the offset). The matrix between query and latent now depends on `j - i`, so no single
+# matrix can be folded into the query: every cached key would have to be rebuilt and rotated at
+# every step. In numbers, for one head: fold `W_uk[h]` into a rotated query and score the latents,
+# against the scores of the rotated keys:
+
+# %%
+with torch.no_grad():
+    c = torch.randn(L, 16).to(device)  # (T, d_latent): the cached latents of positions 0 .. L - 1
+    q = torch.randn(1, d_model // H).to(device)  # (1, d_k): head 0's query at position L - 1
+    keys = apply_rotary(c @ W_uk[0].T)  # (T, d_k): rebuilt, then rotated by 0 .. L - 1
+    q_rot = apply_rotary(q, torch.tensor([L - 1], device=device))
+    true_scores, folded_scores = (q_rot @ keys.T)[0], (q_rot @ W_uk[0] @ c.T)[0]  # (T,) each
+agree = torch.isclose(folded_scores, true_scores, atol=1e-5)
+print("folded scores agree at key positions:", torch.nonzero(agree).flatten().tolist())
+assert agree[0] and not agree[1:].any()  # only position 0, which RoPE leaves unrotated
+
+# %% [markdown]
+# DeepSeek-V2's answer is **decoupled RoPE**: the latent path carries no positions, and a few
+# rotary features ride alongside. Each head gets a rotary query of `d_h^R` features, and all heads
+# share one rotary key of `d_h^R` features, cached already rotated beside the latent; a head's
+# score is the sum of the two dot products over `√(d_h + d_h^R)`. The positions live in a part
+# that needs no fold, and the fold works on the rest. `d_rope=` adds them (the same module, with
+# `W_qr` and `W_kr`):
+
+# %%
+mla_rope = MultiHeadLatentAttention(d_model, H, d_latent=16, d_rope=4).to(device).eval()
+rope_cache = LatentCache()
+with torch.no_grad():
+    reference_rope = mla_rope(x, x, x, mask=causal_mask(L, device=device))  # keys and values rebuilt
+    steps = [mla_rope(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=rope_cache, absorb=True)
+             for t in range(L)]
+assert torch.allclose(torch.cat(steps, dim=1), reference_rope, atol=1e-5)
+print("decoupled RoPE, absorbed, one token per step == one causal forward (within 1e-5):", True)
+print(f"cached: latent {tuple(rope_cache.latent.shape)}, rotary keys {tuple(rope_cache.rope_keys.shape)}: "
+      f"{rope_cache.nbytes // len(rope_cache)} bytes a token")
+
+# %% [markdown]
+# **What it saves.** DeepSeek-V2 has 60 layers of 128 heads with `d_h = 128`, a latent of
+# `d_c = 512 = 4 d_h` and rotary parts of `d_h^R = 64 = d_h / 2`: it caches `d_c + d_h^R = 576`
+# numbers per token and layer, where multi-head attention would cache `2 · n_h · d_h`. For the
+# book's layer (8 heads of 64) we take the same proportions, `d_c = 256` and `d_rope = 32`, and
+# measure the cache after the 16 tokens of section 3; the other kinds' bytes are section 4's
+# measurements, divided by 16. A DeepSeek-V2-like model is computed, in 2-byte numbers, for one
+# sequence of 128K tokens, the context length DeepSeek-V2 supports:
+
+# %%
+book_mla = MultiHeadLatentAttention(512, 8, d_latent=256, d_rope=32).to(device).eval()
+cache = LatentCache()
+with torch.no_grad():
+    steps = [decode_step(book_mla, tokens[:, t : t + 1], cache) for t in range(16)]
+    assert torch.allclose(torch.cat(steps, 1), book_mla(tokens, tokens, tokens, mask=causal_mask(16, device=device)),
+                          atol=1e-4)
+assert cache.nbytes == latent_cache_bytes(num_layers=1, d_latent=256, seq_len=16, d_rope=32, bytes_per_element=4)
+measured["MLA"] = cache.nbytes
+book_numbers = {"MHA": 2 * 8 * 64, "GQA": 2 * 2 * 64, "MQA": 2 * 1 * 64, "MLA": 256 + 32}
+big = {kind: kv_cache_bytes(num_layers=60, num_kv_heads=kv, d_k=128, seq_len=1)
+       for kind, kv in (("MHA", 128), ("GQA", 8), ("MQA", 1))}  # 2 bytes per number
+big["MLA"] = latent_cache_bytes(num_layers=60, d_latent=512, seq_len=1, d_rope=64)
+print(f"{'':4} {'book layer: numbers':>20} {'bytes (measured)':>17} {'DeepSeek-V2-like: numbers':>26} "
+      f"{'60 layers, per token':>21} {'128K tokens':>12}")
+for kind in ("MHA", "GQA", "MQA", "MLA"):
+    assert measured[kind] == book_numbers[kind] * 4 * 16  # float32, 16 tokens
+    print(f"{kind:4} {book_numbers[kind]:20,d} {measured[kind] // 16:17,d} {big[kind] // 60 // 2:26,d} "
+          f"{big[kind] / 2**10:17,.1f} KiB {big[kind] * 2**17 / 2**30:8,.1f} GiB")
+print("(GQA: 2 key/value heads for the book's layer, 8 for the DeepSeek-V2-like one)")
+groups = big["MLA"] / kv_cache_bytes(num_layers=60, num_kv_heads=1, d_k=128, seq_len=1)
+print(f"MLA caches as much as GQA with {groups:.2f} groups; {big['MHA'] / big['MLA']:.0f} times less than MHA")
+assert groups == 2.25 and round(big["MHA"] / big["MLA"]) == 57 and big["MLA"] // 60 // 2 == 4.5 * 128
+assert book_numbers["MLA"] == 288 > book_numbers["GQA"] == 256 and big["MHA"] // 60 // 2 == 32_768
+assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1) == 8.4
+
+# %% [markdown]
+# With the book's 8 heads there is little to gain: the latent and its rotary key (288 numbers)
+# cost more than GQA's 2 key/value heads (256). MLA's cache does not grow with the number of
+# heads: it is `4.5 d_h` numbers per token and layer, as much as GQA with 2.25 groups (the paper's
+# own comparison), so with DeepSeek-V2's 128 heads it is 57 times smaller than multi-head
+# attention's, 8.4 GiB instead of 480 GiB for a 128K-token sequence. And each head still has keys
+# and values of its own: in DeepSeek-AI's comparisons (the paper's appendix D) MLA scored better
+# than multi-head attention, and GQA and MQA worse. With absorption, a decoding step reads the
+# latent cache once for all heads (section 6's bytes per step), and does more arithmetic per
+# cached token, dot products over `d_c + d_h^R` features per head instead of `d_h + d_h^R`: on a
+# GPU that waits for memory while decoding, a good trade.
 
 # %% [markdown]
 # ## Recap
@@ -455,6 +618,12 @@ assert kv_cache_bytes(32, 32, 128, 4096, batch=32) > 4 * weights_bytes and mha_3
 #   Keeping the first few positions as **attention sinks** (`sinks=`) keeps long texts working.
 # - A decoding step reads the weights once and every sequence's cache: with a batch, the cache
 #   dominates the bytes a step moves, and GQA/MQA cut the step's time, not only its memory.
+# - **Multi-head latent attention** (`MultiHeadLatentAttention`, DeepSeek-V2) caches one latent
+#   `c = W_dkv x` per token (`LatentCache`) and rebuilds every head's keys and values from it.
+#   `W_uk` folds into the queries and `W_uv` into `W_o` (`absorb=True`), so the cache is never
+#   up-projected. Plain RoPE would put a position-dependent rotation between query and latent and
+#   break that fold; a small rotary key shared by the heads (decoupled RoPE, `d_rope=`) keeps it.
+#   DeepSeek-V2 caches 576 numbers per token and layer where multi-head attention would cache 32 768.
 #
 # ## Exercises
 #

@@ -12,6 +12,7 @@ Each chapter derives a piece and the next chapters import it from here:
 - :mod:`mha_lib.induction`: induction heads in an attention-only transformer (chapter 08)
 - :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 09)
 - :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 10, attention at inference)
+- :class:`MultiHeadLatentAttention`, :class:`LatentCache`, :func:`latent_cache_bytes` (chapter 10, latent attention)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
@@ -25,6 +26,7 @@ from .efficient import EfficientMultiHeadAttention
 from .encoder import EncoderLayer
 from .heads import combine_heads, split_heads
 from .inference import KVCache, kv_cache_bytes, repeat_kv
+from .latent import LatentCache, MultiHeadLatentAttention, latent_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multi_head import MultiHeadAttention
 from .plotting import plot_attention
@@ -42,13 +44,16 @@ __all__ = [
     "EfficientMultiHeadAttention",
     "EncoderLayer",
     "KVCache",
+    "LatentCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "alibi_bias",
     "apply_rotary",
     "causal_mask",
     "combine_heads",
     "get_device",
     "kv_cache_bytes",
+    "latent_cache_bytes",
     "padding_mask",
     "plot_attention",
     "relative_position_buckets",
