@@ -37,6 +37,8 @@
 #   equals your step-by-step computation;
 # - count its parameters and its cost, and see why 8 heads of 64 have the same parameters and
 #   the same multiply-adds as one head of 512, but need 8 times the attention-weight memory;
+# - measure what the split costs: each head scores through a matrix of rank at most 64, so
+#   over a sequence longer than that it cannot produce every score pattern one head of 512 can;
 # - read the attention maps of every head side by side.
 #
 # *Sources.* The spotlights, the detectives, the picture of heads drawing arcs over a sequence
@@ -45,7 +47,9 @@
 # the configuration with `d_model = 512`, 8 heads and a batch of 32 sequences of 100 come from
 # *Transformers in Action* (Manning), section 2.2.3 and listing 2.4. The choice
 # $d_k = d_v = d_\text{model} / H$ is from Vaswani et al., "Attention Is All You Need" (2017),
-# section 3.2.2.
+# section 3.2.2. The rank limit of narrow heads, and the fix of a head size equal to the sequence
+# length, are from Bhojanapalli et al., "Low-Rank Bottleneck in Multi-head Attention Models"
+# (ICML 2020, [arXiv:2002.07028](https://arxiv.org/abs/2002.07028)).
 
 # %% [markdown]
 # ## Set-up
@@ -169,14 +173,15 @@ for word in (["A", "B", "C", "D", "E", "F"], ["D", "B", "C", "A", "E", "F"]):
     print(f"   one head:   {describe(outputs[2, 4])}")
 
 # %% [markdown]
-# That is the whole case for multi-head attention: **each head makes its own weighted average,
+# That is the case for multi-head attention: **each head makes its own weighted average,
 # and the heads' results sit in separate slots**, so one layer can answer several questions
 # per token at once. What each head looks for is learned; chapter 07 trains a small model and
 # measures heads that specialize.
 #
 # To keep the cost down, the heads don't each get the full width: with `d_model` features and
-# `H` heads, each head works on `d_k = d_model / H` of them. The next section shows how the
-# features are dealt out.
+# `H` heads, each head works on `d_k = d_model / H` of them. That is the other side of the
+# case: a narrower head can form fewer attention patterns, and section 5 measures by how much.
+# The next section shows how the features are dealt out.
 
 # %% [markdown]
 # ## 2. Splitting into heads, and back
@@ -526,9 +531,112 @@ for n_heads in (8, 1):
 
 # %% [markdown]
 # The same parameters and the same multiply-adds; 8 times the attention-weight memory (2.56 M
-# weights instead of 0.32 M), for 8 separate views of the sequence instead of one. That trade
-# is why multi-head attention is the default.
+# weights instead of 0.32 M), for 8 separate views of the sequence instead of one. But each
+# view is narrower than the one head of 512, and that has a price of its own.
 #
+# **Rank: what the split costs.** Leave the biases and the $1/\sqrt{d_k}$ aside. Head $h$ scores
+# query token $x_i$ against key token $x_j$ with
+# $q_i \cdot k_j = x_i W_q^{(h)} (W_k^{(h)})^\top x_j^\top$, so one `(d_model, d_model)` matrix,
+# $W_q^{(h)} (W_k^{(h)})^\top$, decides which pairs of tokens score high. It is a
+# `(d_model, d_k)` matrix times a `(d_k, d_model)` one, so its rank is at most `d_k`: 64 for a
+# head of `book`, against up to 512 for the single head of `one_head`. Eight matrices of rank 64
+# are not one of rank 512. Here are the ranks in the two untrained modules. Head $h$'s
+# $W_q^{(h)}$ is the transpose of rows `h·d_k` to `(h+1)·d_k − 1` of `W_q.weight` (section 7).
+# We count in float64: `matrix_rank` counts the singular values above a tolerance set by the
+# precision, and in float32 the smallest of the 512 can fall below it.
+
+# %%
+def score_matrix(module: MultiHeadAttention, h: int) -> torch.Tensor:
+    """Head h's W_q^(h) (W_k^(h))ᵀ, (d_model, d_model), in float64."""
+    rows = slice(h * module.d_k, (h + 1) * module.d_k)  # head h's features
+    W_q_h = module.W_q.weight[rows].T.double().cpu()      # (d_model, d_k)
+    W_k_h = module.W_k.weight[rows].T.double().cpu()      # (d_model, d_k)
+    return W_q_h @ W_k_h.T                                # (d_model, d_model)
+
+
+ranks = [int(torch.linalg.matrix_rank(score_matrix(book, h))) for h in range(book.num_heads)]
+full_rank = int(torch.linalg.matrix_rank(score_matrix(one_head, 0)))
+print("W_q^(h) W_k^(h)ᵀ:", tuple(score_matrix(book, 0).shape))
+print("8 heads of 64, rank of each:", ranks)
+print("1 head of 512, rank:        ", full_rank)
+assert ranks == [book.d_k] * book.num_heads == [64] * 8 and full_rank == 512
+
+# %% [markdown]
+# **What a head of 64 cannot do.** Over a sequence of `n` tokens a head's scores are `q @ k.T`,
+# `(n, d_k)` times `(d_k, n)`: an `(n, n)` map of rank at most `d_k`, whatever its weights and
+# biases. Take sequence 0 of `tokens`: `n = 100` tokens, more than 64. As the target take the
+# scores `one_head` gives it, a pattern that one head of 512 does produce, of full rank 100.
+# The 8 heads of `book` give 8 maps of the same shape, each of rank 64:
+
+# %%
+def in_float64(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.weight.double().cpu(), layer.bias.double().cpu()
+
+
+X = tokens[0].double().cpu()                             # (n, d_model) = (100, 512)
+n = X.shape[0]
+target = F.linear(X, *in_float64(one_head.W_q)) @ F.linear(X, *in_float64(one_head.W_k)).T / math.sqrt(512)
+q_8 = mha_lib.split_heads(F.linear(X[None], *in_float64(book.W_q)), book.num_heads)  # (1, 8, n, 64)
+k_8 = mha_lib.split_heads(F.linear(X[None], *in_float64(book.W_k)), book.num_heads)
+scores_8 = (q_8 @ k_8.transpose(-2, -1))[0] / math.sqrt(book.d_k)                 # (8, n, n)
+target_rank, ranks_8 = int(torch.linalg.matrix_rank(target)), torch.linalg.matrix_rank(scores_8).tolist()
+print("target, one head of 512:", tuple(target.shape), " rank", target_rank)
+print("book's 8 heads:         ", tuple(scores_8.shape), " ranks", ranks_8)
+assert target_rank == n == 100 and ranks_8 == [64] * 8
+
+# %% [markdown]
+# So no head of 64 can produce the target exactly. How close can one come? The closest matrix
+# of rank at most `r` is the target's SVD cut to its `r` largest singular values (the
+# Eckart–Young theorem): nothing of rank `r` is closer. And a head can produce exactly that
+# matrix. The 100 tokens are linearly independent, so `X @ X_pinv` is the identity, and a head
+# with $W_q^{(h)}$ = `X_pinv @ U_r diag(σ_r)` and $W_k^{(h)}$ = `X_pinv @ V_r` (no biases, the
+# $1/\sqrt{d_k}$ folded into $W_q^{(h)}$, zero columns beyond `r`) scores
+# `U_r diag(σ_r) V_rᵀ`. Here is the best any head can do on this sequence, for each way of
+# splitting 512 features into heads, as the error relative to the target (Frobenius norms):
+
+# %%
+U, sigma, Vh = torch.linalg.svd(target)                  # target = U diag(sigma) Vh
+X_pinv = torch.linalg.pinv(X)                            # (d_model, n): X @ X_pinv = I
+errors = {}
+print("heads  d_k  rank  relative error of the best head")
+for n_heads in (1, 4, 8, 16, 64):
+    head_size = 512 // n_heads
+    r = min(head_size, n)                                # the highest rank it can reach here
+    W_q_h = X_pinv @ (U[:, :r] * sigma[:r])              # (d_model, r)
+    W_k_h = X_pinv @ Vh[:r].T                            # (d_model, r)
+    best = X @ W_q_h @ W_k_h.T @ X.T                     # (n, n): that head's scores
+    errors[n_heads] = float(torch.linalg.norm(best - target) / torch.linalg.norm(target))
+    eckart_young = float(sigma[r:].norm() / sigma.norm())  # no rank-r matrix is closer
+    assert math.isclose(errors[n_heads], eckart_young, abs_tol=1e-9)
+    print(f"{n_heads:5d}  {head_size:3d}  {r:4d}  {errors[n_heads]:.3f}")
+assert errors[1] < 1e-9 and errors[4] < 1e-9 and 0 < errors[8] < errors[16] < errors[64]
+
+# %% [markdown]
+# One head of 512 or 4 heads of 128 reproduce the target exactly, because 128 ≥ `n` = 100. With
+# 8 heads of 64 the best possible head is still off by 0.147 of the target's size, and every
+# halving of the head size makes it worse. How much a head loses depends on the pattern: this
+# one, made by random weights, spreads its size over all 100 singular values; a pattern whose
+# singular values fall off fast loses little.
+#
+# This is the *low-rank bottleneck* of Bhojanapalli et al. (2020). They state it for the
+# attention weights, after the softmax, where we measured the scores: a head whose size is at
+# least the sequence length `n` can produce any pattern of positive weights over `n` linearly
+# independent tokens, and with a smaller head there are inputs and patterns that no choice of
+# its weights produces. With heads of `d_model / H`, every head is below `n` as soon as `H`
+# exceeds `d_model / n`. Their fix is to set the head size to the sequence length, independently
+# of the number of heads; `H · d_k` then no longer equals `d_model`, and the layer's parameters
+# grow with the number of heads.
+#
+# Models keep the split anyway: heads of 64 (this configuration) or 128 (chapter 10's 7B-class
+# model), on sequences of thousands of tokens. What it limits is each head's pattern, not the
+# layer's width: between them the heads use all 512 features of the projections, and `W_o`
+# mixes their outputs back into all 512 (section 7). For the same parameters and
+# multiply-adds, `H` heads give `H` score patterns of rank at most `d_model / H` instead of one
+# of rank at most `d_model`. Vaswani et al. found one head worse than 8, and too many heads worse
+# again (their table 3); chapter 07 trains 1, 2, 4 and 8 heads on one task and counts which
+# learn it.
+
+# %% [markdown]
 # ## 6. Every head's attention map
 #
 # `return_weights=True` returns the weights of every head, `(B, H, Lq, Lk)`, and
@@ -604,6 +712,12 @@ print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the mod
 # - 8 heads of 64 have the same `4·512² + 4·512 = 1,050,624` parameters and the same
 #   multiply-adds as one head of 512, but store 8 times as many attention weights: `H` times
 #   the attention-weight memory, for `H` views.
+# - The split has a price: each head scores through $W_q^{(h)} (W_k^{(h)})^\top$, of rank at
+#   most `d_k` (64 in each of the 8 heads, 512 in one head of 512). Over `n > d_k` tokens no
+#   head can produce every score pattern: on a full-rank pattern of 100 tokens the best head
+#   of 64 is the truncated SVD, not exact. Bhojanapalli et al. (2020) prove the limit for
+#   attention patterns and propose a head size equal to the sequence length; models keep
+#   `d_k` at 64–128 and take more patterns of lower rank.
 # - Each head is a single head on its rows of `W_q.weight`, `W_k.weight`, `W_v.weight`; `W_o`
 #   adds up their shares.
 # - Untrained heads show arbitrary patterns; trained ones specialize (chapter 07).
