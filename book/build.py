@@ -9,18 +9,25 @@ executed, so it takes seconds and needs no GPU, and nothing is downloaded.
 The chapters, exercises and solutions are found by globbing ``NN_*.ipynb`` in
 ``chapters/``, ``exercises/`` and ``solutions/``: a new chapter appears in the book, in its
 table and in its navigation without any list to update. This script lays out a source tree
-for Sphinx (in ``build/book-src/``): book/'s pages, plus a copy of each notebook in which
-a short box under the title links the chapter, its exercises and its solutions, and offers
-to run it in JupyterLab or on Colab. The committed notebooks are never modified.
-``book/conf.py`` configures Sphinx and holds the repository URL the Colab links use.
+for Sphinx (in ``build/book-src/``): book/'s pages, the references page (from
+``book/references.py``), plus a copy of each notebook in which a short box under the title
+links the chapter, its exercises and its solutions, and offers to run it in JupyterLab or on
+Colab; the tooling's marker lines are gone, every figure has alt text and a caption from its
+title, the checks' hints show code as code, and cited titles link to the papers. The committed
+notebooks are never modified. ``book/conf.py`` configures Sphinx and resolves the repository
+URL (REPOSITORY_URL, MHA_REPOSITORY_URL or GitHub Actions' GITHUB_REPOSITORY); while it is the
+placeholder, the build warns (``--require-repository``: refuses) and leaves its links out.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import re
 import runpy
+import string
 import sys
 import time
 from dataclasses import dataclass
@@ -30,8 +37,8 @@ BOOK = Path(__file__).resolve().parent
 ROOT = BOOK.parent
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 COLAB = "https://colab.research.google.com/github"
-LAB_URL = "http://127.0.0.1:8888/lab/tree"  # `make lab`'s address (HOST and PORT defaults)
 TABLE_MARKER = "{{ chapter_table }}"
+CLONE_MARKER = "{{ clone_url }}"
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,12 @@ def find_chapters(root: Path = ROOT) -> list[Chapter]:
 
 
 def settings() -> dict:
-    """The repository URL and branch, as book/conf.py resolves them."""
+    """The repository URL and branch, as book/conf.py resolves them ("url" is "" while the
+    setting is still the placeholder), and JupyterLab's usual address."""
     conf = runpy.run_path(str(BOOK / "conf.py"))
-    return {"url": conf["repository_url"], "branch": conf["repository_branch"]}
+    return {"url": conf["repository_url"], "branch": conf["repository_branch"],
+            "configured": conf["repository_configured"], "source": conf["repository_source"],
+            "lab": conf["lab_url"]}
 
 
 def colab_url(repo: dict, path: str) -> str | None:
@@ -107,11 +117,16 @@ def banner(kind: str, chapter: Chapter, repo: dict) -> str:
     if kind == "exercises":
         lines.append(f"- **Do them in your own copy**: `make exercise N={chapter.number}` copies this notebook to "
                      f"`workspace/`, which `git pull` never touches; `make progress` shows how far you are.")
-    run = (f"- **Run it in JupyterLab**: `make lab` in the course folder, then open `{path}` "
-           f"([open it]({LAB_URL}/{path}) while `make lab` runs)")
+    # JupyterLab's address depends on the port and token of the learner's `make lab`: the link is
+    # for its usual address, and the text says how to reach the notebook from any other.
+    lab = repo.get("lab", "http://127.0.0.1:8888")
+    run = (f"- **Run it in JupyterLab**: `make lab` in the course folder, then open `{path}` in its file "
+           f"browser, or [open it here]({lab}/lab/tree/{path}) while `make lab` runs (on another port, or "
+           f"if JupyterLab asks for a token: in the address `make lab` printed, put `{path}` in place of "
+           f"`README.md`)")
     colab = colab_url(repo, path)
     if colab:
-        run += (f", or **[open it in Colab]({colab})** and run "
+        run += (f"; or **[open it in Colab]({colab})** and run "
                 f"`!pip install -q --no-deps \"git+{repo['url']}\"` in a first cell")
     lines += [run + ".", "", ":::", ""]
     return "\n".join(lines)
@@ -166,12 +181,416 @@ def link_exercises(cells: list[dict], chapter: Chapter) -> None:
             return
 
 
-def staged_notebook(source: Path, kind: str, chapter: Chapter, repo: dict) -> str:
+# ------------------------------------------------------------------------------- figures
+# Every figure gets alt text and a caption from its title, as the cell's code sets it:
+# fig.suptitle(...), a title= argument (plot_attention(..., title=...), ax.set(title=...)),
+# ax.set_title(...) or plt.title(...); without a title, from its axis labels. F-strings are
+# filled in where the names they use are plain constants of the notebook or loop variables
+# over literal ranges and tuples (``f"layer {layer + 1}"`` in ``for layer in range(2)``), else
+# "…". They go into the build copy's cell metadata (``mystnb: {image: {alt}, figure:
+# {caption}}``), which myst-nb turns into <img alt> and <figcaption>; a cell that shows more
+# than one figure, or a figure and other rich outputs, is split into one output cell per figure.
+FIGURE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
+UNKNOWN = object()
+MAX_LOOP = 16
+
+
+def _value(node: ast.AST, env: dict):
+    """A constant expression's value (numbers, strings, tuples, arithmetic, names bound in
+    ``env``); UNKNOWN for anything else. Nothing is executed."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env.get(node.id, UNKNOWN)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_value(e, env) for e in node.elts]
+        return UNKNOWN if any(i is UNKNOWN for i in items) else tuple(items)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _value(node.operand, env)
+        return -v if isinstance(v, (int, float)) else UNKNOWN
+    if isinstance(node, ast.BinOp):
+        a, b = _value(node.left, env), _value(node.right, env)
+        ops = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y,
+               ast.FloorDiv: lambda x, y: x // y, ast.Div: lambda x, y: x / y, ast.Mod: lambda x, y: x % y}
+        if a is UNKNOWN or b is UNKNOWN or type(node.op) not in ops:
+            return UNKNOWN
+        if isinstance(node.op, ast.Mod) and isinstance(a, str):
+            return UNKNOWN  # %-formatting
+        try:
+            return ops[type(node.op)](a, b)
+        except Exception:  # noqa: BLE001 - a type mismatch: not a constant we can know
+            return UNKNOWN
+    if isinstance(node, ast.JoinedStr):
+        return _text(node, env)
+    return UNKNOWN
+
+
+def _text(node: ast.AST, env: dict) -> str | None:
+    """A string argument's text: literals as written, f-strings filled in where possible."""
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                parts.append(str(part.value))
+                continue
+            value = _value(part.value, env)
+            spec = part.format_spec
+            spec_text = _text(spec, env) if spec is not None else ""
+            try:
+                if value is UNKNOWN or spec_text is None:
+                    raise ValueError
+                value = {115: str, 114: repr, 97: ascii}.get(part.conversion, lambda v: v)(value)
+                parts.append(format(value, spec_text))
+            except (ValueError, TypeError):
+                parts.append("…")
+        return "".join(parts)
+    value = _value(node, env)
+    return value if isinstance(value, str) else None
+
+
+def _bind(target: ast.AST, value, env: dict) -> None:
+    if isinstance(target, ast.Name):
+        if value is UNKNOWN:
+            env.pop(target.id, None)
+        else:
+            env[target.id] = value
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        items = value if isinstance(value, tuple) and len(value) == len(target.elts) else [UNKNOWN] * len(target.elts)
+        for t, v in zip(target.elts, items):
+            _bind(t, v, env)
+
+
+def _items(node: ast.AST, env: dict):
+    """A literal sequence as a tuple whose unknown elements are UNKNOWN (``[("a", x), ("b", y)]``
+    with x, y unknown: ``(("a", UNKNOWN), ("b", UNKNOWN))``); else the value, or UNKNOWN."""
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_items(e, env) for e in node.elts)
+    return _value(node, env)
+
+
+def _iterations(loop: ast.For, env: dict) -> list:
+    """The values a for loop's target takes, where the loop is over literals; [UNKNOWN] otherwise."""
+    it = loop.iter
+    values = UNKNOWN
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name):
+        args = [_items(a, env) for a in it.args]
+        name = it.func.id
+        if name == "range" and args and all(isinstance(a, int) for a in args):
+            values = tuple(range(*args))
+        elif name == "zip" and args:
+            known = [a for a in args if isinstance(a, tuple)]
+            if known:
+                n = min(len(a) for a in known)
+                values = tuple(tuple(a[i] if isinstance(a, tuple) else UNKNOWN for a in args) for i in range(n))
+        elif name == "enumerate" and len(args) == 1 and isinstance(args[0], tuple):
+            values = tuple(enumerate(args[0]))
+    else:
+        value = _items(it, env)
+        if isinstance(value, tuple):
+            values = value
+    if values is UNKNOWN or len(values) > MAX_LOOP:
+        return [UNKNOWN]
+    return list(values)
+
+
+class _FigureText:
+    """What one code cell says about its figures, in the order the code runs."""
+
+    def __init__(self, env: dict) -> None:
+        self.env = env
+        self.suptitles: list[str] = []
+        self.titles: list[str] = []
+        self.xlabels: list[str] = []
+        self.ylabels: list[str] = []
+
+    def run(self, statements: list[ast.stmt]) -> None:
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue  # a helper's body runs when it is called, with arguments we don't know
+            if isinstance(statement, ast.For):
+                for value in _iterations(statement, self.env):
+                    _bind(statement.target, value, self.env)
+                    self.run(statement.body)
+                continue
+            self._calls(statement)
+            if isinstance(statement, ast.Assign):
+                value = _value(statement.value, self.env)
+                for target in statement.targets:
+                    _bind(target, value, self.env)
+            elif isinstance(statement, (ast.If, ast.With, ast.Try)):
+                for block in ("body", "orelse", "finalbody"):
+                    self.run(getattr(statement, block, []) or [])
+
+    def _calls(self, statement: ast.stmt) -> None:
+        nodes = [statement]
+        if isinstance(statement, (ast.If, ast.With, ast.Try)):
+            nodes = [getattr(statement, "test", None)] + list(getattr(statement, "items", []))
+        for root in nodes:
+            if root is None:
+                continue
+            for node in sorted((n for n in ast.walk(root) if isinstance(n, ast.Call)),
+                               key=lambda n: (n.lineno, n.col_offset)):
+                self._call(node)
+
+    def _call(self, node: ast.Call) -> None:
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        first = _text(node.args[0], self.env) if node.args else None
+        if name == "suptitle" and first:
+            self.suptitles.append(first)
+        elif name in ("set_title", "title") and first:
+            self.titles.append(first)
+        elif name in ("set_xlabel", "xlabel") and first:
+            self.xlabels.append(first)
+        elif name in ("set_ylabel", "ylabel") and first:
+            self.ylabels.append(first)
+        for keyword in node.keywords:
+            text = _text(keyword.value, self.env) if keyword.arg else None
+            if not text:
+                continue
+            {"suptitle": self.suptitles, "title": self.titles, "xlabel": self.xlabels,
+             "ylabel": self.ylabels}.get(keyword.arg, []).append(text)
+
+
+def _python(source: str) -> ast.Module | None:
+    """The cell's code as Python (IPython's %magics and !commands left out), or None."""
+    lines = ["pass" if re.match(r"\s*[%!]", line) else line for line in source.split("\n")]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _constants(tree: ast.Module | None, env: dict) -> None:
+    """Names a cell binds to constants at its top level (``L = 12``), for later f-strings."""
+    for statement in tree.body if tree else []:
+        if isinstance(statement, ast.Assign):
+            value = _value(statement.value, env)
+            for target in statement.targets:
+                _bind(target, value, env)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(_one_line(i) for i in items if i.strip()))
+
+
+def figure_captions(source: str, figures: int, env: dict) -> list[str | None]:
+    """A caption for each of the ``figures`` a cell with this source shows (None: no title found)."""
+    tree = _python(source)
+    found = _FigureText(dict(env))
+    if tree is not None:
+        found.run(tree.body)
+    suptitles, titles = _unique(found.suptitles), _unique(found.titles)
+    if figures > 1 and len(suptitles) == figures:
+        return suptitles
+    if figures == 1:
+        if suptitles and titles and any("…" in t for t in suptitles) and not any("…" in t for t in titles):
+            # a suptitle with a part only the run knows: the panels' titles say more
+            return ["; ".join(titles[:4]) + f" ({'; '.join(suptitles)})"]
+        if suptitles:
+            return ["; ".join(suptitles)]
+        if titles:
+            return ["; ".join(titles[:4]) + ("; …" if len(titles) > 4 else "")]
+        ys, xs = _unique(found.ylabels), _unique(found.xlabels)
+        if ys and xs:
+            text = f"{'; '.join(ys[:3])} against {'; '.join(xs[:2])}"
+            return [text[0].upper() + text[1:]]
+        return [None]
+    if not suptitles and len(titles) == figures:
+        return titles
+    base = "; ".join((suptitles or titles)[:3])
+    return [f"{base} ({i} of {figures})" if base else None for i in range(1, figures + 1)]
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as Markdown that shows it literally (every ASCII punctuation mark escaped)."""
+    return "".join("\\" + c if c in string.punctuation else c for c in _one_line(text))
+
+
+def _is_figure(output: dict) -> bool:
+    return output.get("output_type") in ("display_data", "execute_result") and any(
+        m in output.get("data", {}) for m in FIGURE_MIMES)
+
+
+def caption_figures(cells: list[dict], where: str) -> list[dict]:
+    """The cells with alt text and a caption on every figure (see above); ``where`` names the
+    page in the fallback alt text."""
+    out: list[dict] = []
+    env: dict = {}
+    number = 0
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            out.append(cell)
+            continue
+        source = "".join(cell["source"])
+        outputs = cell.get("outputs", [])
+        figures = [o for o in outputs if _is_figure(o)]
+        if not figures:
+            out.append(cell)
+            _constants(_python(source), env)
+            continue
+        captions = figure_captions(source, len(figures), env)
+        _constants(_python(source), env)
+        options = []
+        for caption in captions:
+            number += 1
+            alt = caption or f"Figure {number} of {where}, drawn by the code above"
+            option = {"image": {"alt": _one_line(alt)}}
+            if caption:
+                option["figure"] = {"caption": markdown_text(caption)}
+            options.append(option)
+        rich = [o for o in outputs if o.get("output_type") in ("display_data", "execute_result")]
+        if len(figures) == 1 and len(rich) == 1:
+            cell["metadata"] = {**cell.get("metadata", {}), "mystnb": {**cell["metadata"].get("mystnb", {}),
+                                                                       **options[0]}}
+            out.append(cell)
+            continue
+        # Several figures, or a figure and other rich outputs: one cell per figure, so that each
+        # has its own caption and nothing else is captioned; the later cells show outputs only.
+        segments: list[tuple[list[dict], dict | None]] = [([], None)]
+        figure = iter(options)
+        for output in outputs:
+            if _is_figure(output):
+                segments.append(([output], next(figure)))
+                segments.append(([], None))
+            else:
+                segments[-1][0].append(output)
+        for i, (chunk, option) in enumerate(s for k, s in enumerate(segments) if k == 0 or s[0]):
+            metadata = dict(cell.get("metadata", {}))
+            if option:
+                metadata["mystnb"] = {**metadata.get("mystnb", {}), **option}
+            if i:
+                metadata["tags"] = [*metadata.get("tags", []), "remove-input"]
+            out.append({**cell, "id": f"{cell.get('id', 'cell')}-{i}" if i else cell.get("id", "cell"),
+                        # (myst-nb skips a cell without source; remove-input hides this one)
+                        "metadata": metadata, "source": source if i == 0 else f"# output {i} of the cell above",
+                        "outputs": chunk,
+                        "execution_count": cell.get("execution_count") if i == 0 else None})
+    return out
+
+
+# ------------------------------------------------------------------ hints: code as code
+# The checks' verdicts (text/html) write code between backticks ("use `torch.softmax`"); the
+# book shows it as code. Only the text between tags changes (it is HTML already, escaped
+# where it needs to be), never inside <pre>, <code>, <script> or <style>.
+_LITERAL_TAGS = ("pre", "code", "script", "style", "textarea")
+
+
+def html_code_spans(markup: str) -> str:
+    parts = re.split(r"(<[^>]*>)", markup)
+    depth = 0
+    for i, part in enumerate(parts):
+        tag = re.match(r"<(/?)([A-Za-z][\w-]*)", part) if part.startswith("<") else None
+        if tag:
+            if tag.group(2).lower() in _LITERAL_TAGS:
+                depth = max(0, depth + (-1 if tag.group(1) else 1))
+        elif not part.startswith("<") and depth == 0:
+            parts[i] = re.sub(r"`([^`\n<>]+)`", r"<code>\1</code>", part)
+    return "".join(parts)
+
+
+def code_in_hints(cells: list[dict]) -> None:
+    for cell in cells:
+        for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
+            data = output.get("data", {})
+            if "text/html" in data:
+                text = "".join(data["text/html"]) if isinstance(data["text/html"], list) else data["text/html"]
+                data["text/html"] = html_code_spans(text)
+
+
+# ---------------------------------------------------------------------------- references
+# book/references.py lists the papers the chapters cite; the build writes the references page
+# from it and links each cited title ("Attention Is All You Need" (2017)) to the paper.
+CITATION = re.compile(r'"([^"\n]+(?:\n[^"\n]+)?)"(?=\s*\(([^()]*?)\b((?:19|20)\d\d)\b[^()]*\)|,\s*((?:19|20)\d\d)\))')
+_SKIP_MARKDOWN = re.compile(r"(```.*?```|~~~.*?~~~|`[^`]*`|\$\$.*?\$\$|\$[^$\n]*\$|\[[^\]]*\]\([^)]*\))", re.S)
+
+
+def papers() -> list[dict[str, str]]:
+    return runpy.run_path(str(BOOK / "references.py"))["PAPERS"]
+
+
+def cited_paper(title: str, year: str, catalogue: list[dict[str, str]]) -> dict[str, str] | None:
+    """The paper a quoted title (or its first words) and year cite, if it is in the list."""
+    quoted = _one_line(title).lower().rstrip(".")
+    for paper in catalogue:
+        full = paper["title"].lower()
+        if paper["year"] == year and (full == quoted or full.startswith(quoted)):
+            return paper
+    return None
+
+
+def citations(text: str) -> list[tuple[str, str]]:
+    """Every ``"Title" (..., year)`` or ``"Title", year)`` in a chapter's Markdown: (title, year)."""
+    return [(m.group(1), m.group(3) or m.group(4)) for m in CITATION.finditer(text)]
+
+
+def link_citations(cells: list[dict], catalogue: list[dict[str, str]]) -> None:
+    """Each cited title in the Markdown cells becomes a link to the paper (outside code, math
+    and existing links; titles the list doesn't know stay as they are)."""
+    link = runpy.run_path(str(BOOK / "references.py"))["link"]
+
+    def replace(match: re.Match) -> str:
+        paper = cited_paper(match.group(1), match.group(3) or match.group(4), catalogue)
+        return f'"[{match.group(1)}]({link(paper)})"' if paper else match.group(0)
+
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        pieces = _SKIP_MARKDOWN.split("".join(cell["source"]))
+        cell["source"] = "".join(p if i % 2 else CITATION.sub(replace, p) for i, p in enumerate(pieces))
+
+
+def references_page(chapters: list[Chapter], root: Path) -> str:
+    """The references page (MyST): every paper in book/references.py, with its link and the
+    chapters that cite it."""
+    module = runpy.run_path(str(BOOK / "references.py"))
+    catalogue, link = module["PAPERS"], module["link"]
+    cited_in: dict[str, list[Chapter]] = {}
+    for chapter in chapters:
+        cells = json.loads((root / "chapters" / f"{chapter.stem}.ipynb").read_text(encoding="utf-8"))["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        for title, year in citations(text):
+            paper = cited_paper(title, year, catalogue)
+            if paper and chapter not in cited_in.setdefault(paper["key"], []):
+                cited_in[paper["key"]].append(chapter)
+    lines = ["# References", "",
+             "The papers the chapters cite, in the order the course first cites them, each with a link to",
+             "where it can be read (arXiv, the DOI or the publisher's page). In the chapters, a cited title",
+             "links here to the paper too.", ""]
+    order = {c.stem: i for i, c in enumerate(chapters)}
+    first = {p["key"]: min((order[c.stem] for c in cited_in.get(p["key"], [])), default=len(order))
+             for p in catalogue}
+    for paper in sorted(catalogue, key=lambda p: first[p["key"]]):
+        ids = []
+        if paper.get("arxiv"):
+            ids.append(f"arXiv:[{paper['arxiv']}](https://arxiv.org/abs/{paper['arxiv']})")
+        if paper.get("doi"):
+            ids.append(f"DOI:[{paper['doi']}](https://doi.org/{paper['doi']})")
+        where = ", ".join(f"[{c.number}](chapters/{c.stem}.ipynb)" for c in cited_in.get(paper["key"], []))
+        entry = (f"{markdown_text(paper['authors'])} ({paper['year']}). "
+                 f"**[{markdown_text(paper['title'])}]({link(paper)})**."
+                 + (f" {markdown_text(paper['venue'])}." if paper.get("venue") else "")
+                 + (f" {', '.join(ids)}." if ids else "")
+                 + (f" Cited in chapter{'s' if ',' in where else ''} {where}." if where else ""))
+        lines += [f"({paper['key']})=", entry, ""]
+    return "\n".join(lines)
+
+
+def staged_notebook(source: Path, kind: str, chapter: Chapter, repo: dict,
+                    catalogue: list[dict[str, str]] | None = None) -> str:
     """The notebook's JSON with the banner under its title (and, for a chapter, its
-    exercises and solutions as sub-pages); outputs and everything else untouched."""
+    exercises and solutions as sub-pages), its figures captioned, its hints' code as code and
+    its cited titles linked; the outputs' content is untouched."""
     nb = json.loads(source.read_text(encoding="utf-8"))
     one_title(nb["cells"])
     strip_tooling(nb["cells"])
+    code_in_hints(nb["cells"])
+    where = {"chapters": "chapter", "exercises": "exercises", "solutions": "solutions"}[kind]
+    nb["cells"] = caption_figures(nb["cells"], f"{where} {chapter.number}")
+    link_citations(nb["cells"], papers() if catalogue is None else catalogue)
     if kind == "chapters":
         link_exercises(nb["cells"], chapter)
     box = banner(kind, chapter, repo)
@@ -201,7 +620,8 @@ def chapter_table(chapters: list[Chapter]) -> str:
         lines.append(f"| {c.number} | [{c.title}](chapters/{c.stem}.ipynb) | {c.summary} | {ex} | {so} |")
     toc = [":::", "", "```{toctree}", ":hidden:", ":caption: Chapters", ""]
     toc += [f"{c.number} · {c.title} <chapters/{c.stem}>" for c in chapters]
-    return "\n".join(lines + toc + ["```", ""])
+    toc += ["```", "", "```{toctree}", ":hidden:", ":caption: More", "", "References <references>", "```"]
+    return "\n".join(lines + toc + [""])
 
 
 def write_if_changed(path: Path, text: str) -> None:
@@ -211,17 +631,23 @@ def write_if_changed(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def stage(src: Path, root: Path = ROOT) -> list[Chapter]:
+def stage(src: Path, root: Path = ROOT, repo: dict | None = None) -> list[Chapter]:
     """Lay out Sphinx's source tree in ``src``; returns the chapters found."""
-    repo = settings()
+    repo = settings() if repo is None else repo
     chapters = find_chapters(root)
+    catalogue = papers()
     wanted: set[Path] = set()
+    target = src / "references.md"
+    write_if_changed(target, references_page(chapters, root))
+    wanted.add(target)
     for page in BOOK.rglob("*"):
-        if page.is_file() and page.name != "build.py" and "__pycache__" not in page.parts:
+        # book/'s pages, templates and static files, and conf.py (not build.py, references.py)
+        if page.is_file() and (page.suffix != ".py" or page.name == "conf.py") and "__pycache__" not in page.parts:
             target = src / page.relative_to(BOOK)
             text = page.read_text(encoding="utf-8")
             if page.name == "index.md":
                 text = text.replace(TABLE_MARKER, chapter_table(chapters))
+                text = text.replace(CLONE_MARKER, f"{repo['url']}.git" if repo["url"] else "<the-course-repository-url>")
             write_if_changed(target, text)
             wanted.add(target)
     by_stem = {c.stem: c for c in chapters}
@@ -231,7 +657,7 @@ def stage(src: Path, root: Path = ROOT) -> list[Chapter]:
             if chapter is None:
                 raise SystemExit(f"error: {kind}/{source.name} has no chapter chapters/{source.name}")
             target = src / kind / source.name
-            write_if_changed(target, staged_notebook(source, kind, chapter, repo))
+            write_if_changed(target, staged_notebook(source, kind, chapter, repo, catalogue))
             wanted.add(target)
     for old in [p for p in src.rglob("*") if p.is_file() and p not in wanted]:
         old.unlink()  # a notebook that was renamed or removed leaves no page behind
@@ -247,16 +673,39 @@ def build(out: Path, src: Path, quiet: bool = True) -> None:
         raise SystemExit(f"error: Sphinx failed (exit code {code}); its messages are above")
 
 
+PLACEHOLDER_MESSAGE = """
+************************************************************************************************
+{verdict}: the course's repository URL is not set.
+  book/conf.py's REPOSITORY_URL is still the placeholder https://github.com/OWNER/REPO, and neither
+  MHA_REPOSITORY_URL nor GITHUB_REPOSITORY (GitHub Actions) is set. Without it the book has no
+  "open in Colab" links, no pip line for Colab, no repository button and no notebook downloads.
+  Set REPOSITORY_URL in book/conf.py once, or build with
+      MHA_REPOSITORY_URL=https://github.com/<owner>/<repo> make book
+************************************************************************************************
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "book", help="where the HTML goes")
     parser.add_argument("--src", type=Path, help="where the Sphinx sources are laid out (default: OUT-src)")
     parser.add_argument("--verbose", action="store_true", help="show Sphinx's progress")
+    parser.add_argument("--require-repository", action="store_true",
+                        help="refuse to build while the repository URL is the placeholder "
+                             "(also MHA_REQUIRE_REPOSITORY=1; the Pages workflow uses it)")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     src = (args.src or out.with_name(out.name + "-src")).resolve()
     start = time.perf_counter()
-    chapters = stage(src)
+    repo = settings()
+    if not repo["configured"]:
+        strict = args.require_repository or os.environ.get("MHA_REQUIRE_REPOSITORY", "") not in ("", "0")
+        print(PLACEHOLDER_MESSAGE.format(verdict="error: refusing to build the book" if strict else
+                                         "WARNING: building the book without its repository links"),
+              file=sys.stderr)
+        if strict:
+            return 2
+    chapters = stage(src, repo=repo)
     build(out, src, quiet=not args.verbose)
     index = out / "index.html"
     print(f"Built the book ({len(chapters)} chapters) in {time.perf_counter() - start:.1f} s: {index}")

@@ -277,12 +277,17 @@ PAGE_STATE_JS = """async () => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
     const article = document.querySelector('article') || document.body;
     const images = Array.from(article.querySelectorAll('img')).map(
-        i => ({src: i.getAttribute('src'), complete: i.complete, width: i.naturalWidth}));
+        i => ({src: i.getAttribute('src'), complete: i.complete, width: i.naturalWidth, alt: i.getAttribute('alt'),
+               output: !!i.closest('.cell_output'), shown: i.getBoundingClientRect().width,
+               column: article.getBoundingClientRect().width,
+               caption: ((i.closest('figure') || {querySelector: () => null}).querySelector('figcaption') || {}).textContent || ''}));
+    const hints = Array.from(article.querySelectorAll('.cell_output .output.text_html')).map(h => ({
+        text: h.textContent, code: h.querySelectorAll('code').length}));
     const math = Array.from(article.querySelectorAll('.math'));
     const untypeset = math.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
     const clone = article.cloneNode(true);
     clone.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
-    return {images, math: math.length, typeset: article.querySelectorAll('mjx-container').length,
+    return {images, hints, math: math.length, typeset: article.querySelectorAll('mjx-container').length,
             untypeset, text: clone.textContent};
 }"""
 RAW_MATH = re.compile(r"\\\(|\\\[|\$\$|(?<![\w$])\$[^\s$][^$\n]*?(?<=[^\s$])\$(?![\w$])")
@@ -307,6 +312,10 @@ def test_every_page_in_a_browser(book: Path, site: str, sync_playwright) -> None
         page.on("requestfailed", lambda r: events.append(f"request failed: {r.url} ({r.failure})")
                 if "ERR_ABORTED" not in (r.failure or "") else None)
         page.on("response", lambda r: events.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        requested: set[str] = set()
+        page.on("request", lambda r: requested.add(urllib.parse.urlsplit(r.url).path.lstrip("/"))
+                if r.url.startswith(site) else None)
+        figures_seen = captioned = 0
         try:
             for path in paths:
                 events.clear()
@@ -322,6 +331,18 @@ def test_every_page_in_a_browser(book: Path, site: str, sync_playwright) -> None
                 if len(state["images"]) < figures:
                     problems.append(f"{path}: the notebook stores {figures} figures, the page shows "
                                     f"{len(state['images'])}")
+                # Figures: alt text (never the image's file name), a caption from the title, the column's width at most.
+                for image in (i for i in state["images"] if i["output"]):
+                    figures_seen += 1
+                    captioned += bool(image["caption"].strip())
+                    if not image["alt"] or re.search(r"\.(png|jpe?g|gif|svg)$", image["alt"]):
+                        problems.append(f"{path}: figure {image['src']} has the alt text {image['alt']!r}")
+                    if image["shown"] > image["column"] + 1:
+                        problems.append(f"{path}: figure {image['src']} is {image['shown']} px wide in a "
+                                        f"{image['column']} px column")
+                # Hints: code between backticks shows as code.
+                problems += [f"{path}: a hint shows backticks: {h['text'][:100]!r}" for h in state["hints"]
+                             if "`" in h["text"]]
                 math_pages += state["math"] > 0
                 if state["math"] and not state["typeset"]:
                     problems.append(f"{path}: {state['math']} formulas, none typeset")
@@ -333,9 +354,26 @@ def test_every_page_in_a_browser(book: Path, site: str, sync_playwright) -> None
             results = page.locator("#search-results ul.search li")
             results.first.wait_for(timeout=30_000)
             found = results.evaluate_all("ls => ls.map(l => l.querySelector('a').getAttribute('href'))")
+            # Excerpts: the page's text around the word, never the theme's buttons or contents list.
+            page.wait_for_function("document.querySelectorAll('#search-results ul.search li p.context').length >= 3",
+                                   timeout=30_000)
+            excerpts = page.locator("#search-results ul.search li p.context").all_inner_texts()
+            for excerpt in excerpts:
+                if "softmax" not in excerpt.lower() or re.search(r"System Settings|Light\s+Dark|Run it in JupyterLab",
+                                                                 excerpt):
+                    problems.append(f"search.html: a poor excerpt: {excerpt[:160]!r}")
             problems += [f"search.html: {e}" for e in events]
         finally:
             browser.close()
+    # Only what the pages load is shipped: every script and stylesheet is requested by some page.
+    shipped = {p.relative_to(book).as_posix() for p in (book / "_static").rglob("*")
+               if p.suffix in (".js", ".css") and p.is_file()}
+    unused = sorted(shipped - requested)
+    assert not unused, f"scripts and stylesheets that no page loads: {unused}"
+    mathjax = sorted(r for r in requested if "/mathjax/" in r)
+    assert all(r.endswith("tex-chtml.js") or "/output/chtml/fonts/woff-v2/" in r for r in mathjax), mathjax
+    assert figures_seen >= 40 and captioned >= 0.9 * figures_seen, (
+        f"{captioned} of {figures_seen} figures have a caption")
     assert not problems, f"{len(problems)} problems in the browser:\n" + "\n".join(problems[:30])
     assert math_pages >= len(notebooks("chapters")), f"only {math_pages} pages have formulas"
     assert any("chapters/01_" in href for href in found), f"searching 'softmax' finds {found}"
@@ -460,3 +498,294 @@ def test_tooling_markers_are_stripped_and_exercises_linked(book: Path) -> None:
         section = source[start:source.find("</section>", start)]  # the Exercises section only
         assert f'href="../exercises/{page.stem}.html"' in section, page.name
         assert f'href="../solutions/{page.stem}.html"' in section, page.name
+
+
+# ------------------------------------------------------- figures, hints, references, setting
+
+def _png(width: int, height: int) -> str:
+    """A plain PNG of that many pixels, base64 (as a notebook stores it)."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + bytes([30, 120, 200]) * width for _ in range(height))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
+
+
+def _figure(width: int = 64, height: int = 32, metadata: dict | None = None) -> dict:
+    return {"output_type": "display_data", "metadata": metadata or {},
+            "data": {"image/png": _png(width, height), "text/plain": "<Figure>"}}
+
+
+def _code(source: str, *outputs: dict, cell_id: str = "c") -> dict:
+    return {"cell_type": "code", "id": cell_id, "metadata": {}, "execution_count": 1, "source": source,
+            "outputs": list(outputs)}
+
+
+def test_every_figure_gets_alt_text_and_a_caption_from_its_title() -> None:
+    """Titles as the cells set them: suptitle, title=, set_title, f-strings over constants and
+    loops; a cell with two figures is split so that each has its own; no title: axis labels,
+    else a plain description. Captions are Markdown that shows the title literally."""
+    cells = [
+        _code("L = 16\nlabels = ['a']"),
+        _code('fig.suptitle(f"Where each query may look (L = {L}; <pad> is *masked*)")\nplt.show()',
+              _figure(), cell_id="one"),
+        _code('for layer in range(2):\n    plot_attention(w, labels, title=f"layer {layer + 1}")\n    plt.show()\n'
+              'print("done")', _figure(), _figure(), {"output_type": "stream", "name": "stdout", "text": "done\n"},
+              cell_id="two"),
+        _code('ax.set_xlabel("training step")\nax.set_ylabel("loss")', _figure(), cell_id="labels"),
+        _code("draw(ax)", _figure(), cell_id="none"),
+        _code('ax.set_title(f"on {device.type}")', _figure(), cell_id="unknown"),
+    ]
+    out = book_build.caption_figures(json.loads(json.dumps(cells)), "chapter 42")
+    options = {c["id"]: c["metadata"].get("mystnb") for c in out if c["cell_type"] == "code"}
+    one = options["one"]
+    assert one["image"]["alt"] == "Where each query may look (L = 16; <pad> is *masked*)"
+    caption = one["figure"]["caption"]
+    assert "\\<pad\\>" in caption and "\\*masked\\*" in caption, f"the caption is not escaped Markdown: {caption}"
+    # two figures, one caption each, in cells of their own (outputs only); the print stays uncaptioned
+    split = [c for c in out if c["id"].startswith("two")]
+    assert [c["metadata"].get("mystnb", {}).get("image", {}).get("alt") for c in split] == [None, "layer 1", "layer 2",
+                                                                                              None]
+    assert split[0]["source"].startswith("for layer") and not split[0]["outputs"]
+    assert all("remove-input" in c["metadata"]["tags"] for c in split[1:])
+    assert split[-1]["outputs"][0]["output_type"] == "stream" and "mystnb" not in split[-1]["metadata"]
+    assert sum(len(c["outputs"]) for c in split) == 3, "an output was lost or duplicated"
+    assert options["labels"]["image"]["alt"] == "Loss against training step"
+    assert options["none"]["image"]["alt"] == "Figure 5 of chapter 42, drawn by the code above"
+    assert "figure" not in options["none"], "no title, no caption"
+    assert options["unknown"]["image"]["alt"] == "on …"
+
+
+def test_hints_show_code_as_code() -> None:
+    """Backticks in an HTML output become <code>, in the text only: never inside a tag or a
+    <pre>, and the text stays escaped (nothing new is injected)."""
+    verdict = ('<div style="a`b`"><b>⏳ x</b>: it raises <br><b>Hint:</b> Replace the `raise NotImplementedError`'
+               ' with `a &lt; b`.</div><pre>keep `this`</pre>')
+    shown = book_build.html_code_spans(verdict)
+    assert shown == ('<div style="a`b`"><b>⏳ x</b>: it raises <br><b>Hint:</b> Replace the '
+                     '<code>raise NotImplementedError</code> with <code>a &lt; b</code>.</div><pre>keep `this`</pre>')
+    staged = json.loads(book_build.staged_notebook(ROOT / "exercises" / "01_dot_product_attention.ipynb", "exercises",
+                                                   book_build.find_chapters()[0], {"url": "", "branch": "main"}))
+    html_outputs = ["".join(o["data"]["text/html"]) for c in staged["cells"] for o in c.get("outputs", [])
+                    if "text/html" in o.get("data", {})]
+    assert html_outputs and all("`" not in h for h in html_outputs if "Hint" in h)
+    assert any("<code>raise NotImplementedError</code>" in h for h in html_outputs)
+
+
+def test_every_cited_paper_is_in_the_references_with_a_link() -> None:
+    """Every ``"Title" (year)`` a chapter cites, and every arXiv id or DOI it mentions, is in
+    book/references.py, which gives each paper a link (arXiv, DOI or URL)."""
+    catalogue = book_build.papers()
+    ids = {p.get("arxiv") for p in catalogue} | {p.get("doi") for p in catalogue}
+    cited, unknown, stray = set(), [], []
+    for notebook in notebooks("chapters"):
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        for title, year in book_build.citations(text):
+            paper = book_build.cited_paper(title, year, catalogue)
+            if paper is None:
+                unknown.append(f"{notebook.name}: {' '.join(title.split())!r} ({year})")
+            else:
+                cited.add(paper["key"])
+        stray += [f"{notebook.name}: arXiv {m}" for m in re.findall(r"(?i)arxiv[:\s./abs]*(\d{4}\.\d{4,5})", text)
+                  if m not in ids]
+        stray += [f"{notebook.name}: DOI {m}" for m in re.findall(r"\b(10\.\d{4,9}/[^\s\)\]>\"]+)", text)
+                  if m.rstrip(".,;") not in ids]
+    assert not unknown, "cited but not in book/references.py:\n" + "\n".join(unknown)
+    assert not stray, "arXiv ids or DOIs the references don't list:\n" + "\n".join(stray)
+    assert len(cited) >= 25, f"only {len(cited)} papers recognised in the chapters"
+    for paper in catalogue:
+        assert paper["key"] in cited, f"{paper['key']} is listed but no chapter cites it"
+        assert re.match(r"https://(arxiv\.org/abs/\d{4}\.\d{4,5}$|doi\.org/10\.|transformer-circuits\.pub/)",
+                        book_build.runpy.run_path(str(ROOT / "book" / "references.py"))["link"](paper)), paper
+
+
+def test_the_references_page_and_the_chapters_link_the_papers(book: Path) -> None:
+    references = (book / "references.html").read_text(encoding="utf-8")
+    hrefs = {url for tag, _, url, _ in parse(book / "references.html").urls if tag == "a"}
+    for paper in book_build.papers():
+        if paper.get("arxiv"):
+            assert f"https://arxiv.org/abs/{paper['arxiv']}" in hrefs, f"references.html lacks {paper['arxiv']}"
+        assert f'id="{paper["key"]}"' in references, f"no anchor for {paper['key']}"
+    assert "chapters/06_positions_inside_attention.html" in hrefs, "no 'cited in' links back to the chapters"
+    chapter = [url for tag, _, url, _ in parse(book / "chapters" / "01_dot_product_attention.html").urls if tag == "a"]
+    assert "https://arxiv.org/abs/1706.03762" in chapter, "chapter 01's citation of Vaswani et al. is not linked"
+    assert "references.html" in {u for t, _, u, _ in parse(book / "index.html").urls if t == "a"}
+
+
+def _conf(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict:
+    for name in ("MHA_REPOSITORY_URL", "MHA_REPOSITORY_BRANCH", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL",
+                 "MHA_LAB_URL", "MHA_REQUIRE_REPOSITORY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return book_build.runpy.run_path(str(ROOT / "book" / "conf.py"))
+
+
+def test_the_repository_comes_from_one_setting_or_from_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GitHub Actions' GITHUB_REPOSITORY fills it in CI; MHA_REPOSITORY_URL wins over it; the
+    placeholder counts as unset (no links are built from it)."""
+    conf = _conf(monkeypatch, GITHUB_REPOSITORY="someone/their-course", GITHUB_SERVER_URL="https://github.com")
+    assert conf["repository_url"] == "https://github.com/someone/their-course" and conf["repository_configured"]
+    assert conf["html_theme_options"]["use_repository_button"] is True
+    assert "colab_url" in conf["html_theme_options"]["launch_buttons"]
+    assert "https://github.com/someone/their-course" in conf["html_theme_options"]["extra_footer"]
+    conf = _conf(monkeypatch, GITHUB_REPOSITORY="someone/their-course", MHA_REPOSITORY_URL="https://github.com/a/b/")
+    assert conf["repository_url"] == "https://github.com/a/b"
+    conf = _conf(monkeypatch)
+    if conf["REPOSITORY_URL"] == conf["PLACEHOLDER_URL"]:
+        assert not conf["repository_configured"] and conf["repository_url"] == ""
+        assert conf["html_theme_options"]["use_repository_button"] is False
+        assert "launch_buttons" not in conf["html_theme_options"]
+    conf = _conf(monkeypatch, MHA_REPOSITORY_URL="https://github.com/OWNER/REPO")
+    assert not conf["repository_configured"], "the placeholder must never count as the repository"
+
+
+def test_a_local_build_with_the_placeholder_warns_or_is_refused(monkeypatch: pytest.MonkeyPatch, capsys,
+                                                                tmp_path: Path) -> None:
+    """No repository: the build says so loudly and builds without the links (no OWNER/REPO in
+    any page); with --require-repository (or MHA_REQUIRE_REPOSITORY=1) it refuses."""
+    _conf(monkeypatch)
+    monkeypatch.setattr(book_build.runpy, "run_path", _with_placeholder(book_build.runpy.run_path))
+    monkeypatch.setattr(book_build, "build", lambda *args, **kwargs: None)  # no Sphinx: the check comes first
+    assert book_build.main(["--out", str(tmp_path / "book")]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "repository URL is not set" in err and "MHA_REPOSITORY_URL=" in err
+    staged = "\n".join(p.read_text(encoding="utf-8") for p in (tmp_path / "book-src").rglob("*")
+                       if p.suffix in (".ipynb", ".md"))
+    assert "OWNER" not in staged and "colab.research.google.com" not in staged and "git+" not in staged
+    assert "<this repository>" not in staged
+    assert book_build.main(["--out", str(tmp_path / "book2"), "--require-repository"]) == 2
+    assert "error: refusing to build" in capsys.readouterr().err
+    monkeypatch.setenv("MHA_REQUIRE_REPOSITORY", "1")
+    assert book_build.main(["--out", str(tmp_path / "book3")]) == 2
+    assert not (tmp_path / "book3-src").exists(), "a refused build must not start"
+
+
+def _with_placeholder(run_path):
+    """runpy.run_path, but book/conf.py runs with REPOSITORY_URL as the placeholder (whatever it is set to)."""
+    def run(path: str, *args, **kwargs):
+        if Path(path).name != "conf.py":
+            return run_path(path, *args, **kwargs)
+        source = Path(path).read_text(encoding="utf-8")
+        source = re.sub(r"^REPOSITORY_URL = .*$", "REPOSITORY_URL = PLACEHOLDER_URL", source, flags=re.M)
+        namespace: dict = {"__file__": path, "__name__": "<conf>"}
+        exec(compile(source, path, "exec"), namespace)  # noqa: S102 - the course's own conf.py
+        return namespace
+    return run
+
+
+def test_the_jupyterlab_link_says_how_to_reach_any_port_and_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    chapter = book_build.find_chapters()[0]
+    repo = {"url": "", "branch": "main", "lab": _conf(monkeypatch, MHA_LAB_URL="http://localhost:9999/")["lab_url"]}
+    box = book_build.banner("chapters", chapter, repo)
+    path = f"chapters/{chapter.stem}.ipynb"
+    assert f"](http://localhost:9999/lab/tree/{path})" in box, "the link is not built from the setting"
+    assert "the address `make lab` printed" in box and f"put `{path}` in place of `README.md`" in box, box
+    assert "Colab" not in box, "no Colab link without a repository"
+
+
+def test_copy_buttons_where_sphinx_copybutton_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+    monkeypatch.setitem(sys.modules, "sphinx_copybutton", types.ModuleType("sphinx_copybutton"))
+    assert "sphinx_copybutton" in _conf(monkeypatch)["extensions"]
+    monkeypatch.setitem(sys.modules, "sphinx_copybutton", None)  # import fails
+    conf = _conf(monkeypatch)
+    assert "sphinx_copybutton" not in conf["extensions"] and conf["copybutton_enabled"] is False
+
+
+def test_footer_download_and_no_placeholder_in_the_book(book: Path) -> None:
+    """The configured repository is everywhere a placeholder was: the footer, the download
+    menu (the committed notebook), the clone line; nothing says OWNER/REPO or "the course's authors"."""
+    for page in pages(book):
+        text = page.read_text(encoding="utf-8")
+        assert "OWNER/REPO" not in text and "By the course" not in text, page.name
+    index = text_of(book / "index.html")
+    assert f"git clone {REPOSITORY}.git" in index
+    footer = re.search(r'<div class="extra_footer">(.*?)</div>', (book / "index.html").read_text(), re.S).group(1)
+    assert f'href="{REPOSITORY}"' in footer and "MIT" in footer
+    for kind in KINDS:
+        for notebook in notebooks(kind):
+            links = [url for tag, _, url, attrs in parse(book / kind / f"{notebook.stem}.html").urls
+                     if tag == "a" and "btn-download-notebook-button" in attrs.get("class", "")]
+            assert links == [f"{REPOSITORY}/raw/main/{kind}/{notebook.name}"], f"{kind}/{notebook.name}: {links}"
+    assert not list(book.rglob("_sources")), "the pages' sources are not shipped (the download is the notebook)"
+
+
+def test_only_what_the_pages_load_is_shipped(book: Path) -> None:
+    """≤ 10 MB; MathJax is its one bundle and its fonts; no source maps, translation catalogues
+    or fontawesome.js (the theme's stylesheet draws the icons from its web fonts)."""
+    size = sum(p.stat().st_size for p in book.rglob("*") if p.is_file())
+    assert size <= 10 * 2**20, f"the book is {size / 2**20:.1f} MB"
+    static = book / "_static"
+    assert not list(static.rglob("*.map")) and not (static / "locales").exists()
+    # (the pinned theme for Python 3.10 may still need fontawesome.js: book/conf.py checks)
+    no_fontawesome_js = book_build.runpy.run_path(str(ROOT / "book" / "conf.py"))["html_context"]["mha_no_fontawesome_js"]
+    assert (static / "scripts" / "fontawesome.js").exists() != no_fontawesome_js
+    mathjax = {p.relative_to(static / "mathjax").as_posix() for p in (static / "mathjax").rglob("*") if p.is_file()}
+    assert "tex-chtml.js" in mathjax and any(m.startswith("output/chtml/fonts/woff-v2/") for m in mathjax)
+    extra = sorted(m for m in mathjax if m != "tex-chtml.js" and not m.startswith("output/chtml/fonts/woff-v2/"))
+    assert not extra, f"MathJax files no page loads: {extra[:10]}"
+    for page in pages(book):
+        assert ("fontawesome.js" in page.read_text(encoding="utf-8")) != no_fontawesome_js, page.name
+
+
+@pytest.mark.browser
+def test_retina_figures_show_at_their_intended_size_with_captions(tmp_path: Path, sync_playwright) -> None:
+    """A tiny course built by the same code: a PNG with twice the pixels and the width/height a
+    retina figure stores is drawn at that CSS size, sharp; a wide one fits the column with its
+    aspect kept; each has the caption and alt text of its title, shown literally; a hint's
+    backticks are code."""
+    root = tmp_path / "course"
+    (root / "chapters").mkdir(parents=True)
+    title = 'Scores & <pad>: a *title* with `code` and $x$'
+    cells = [
+        {"cell_type": "markdown", "id": "t", "metadata": {}, "source": "# Chapter 01 · Tiny\n\nText."},
+        _code(f"fig.suptitle({title!r})\nplt.show()",
+              _figure(800, 400, {"image/png": {"width": 400, "height": 200}}), cell_id="small"),
+        _code('ax.set_title("A wide one")', _figure(2400, 600, {"image/png": {"width": 1200, "height": 300}}),
+              cell_id="wide"),
+        _code("check(f)", {"output_type": "display_data", "metadata": {}, "data": {
+            "text/plain": "hint", "text/html": "<div><b>Hint:</b> use `torch.softmax` here</div>"}}, cell_id="hint"),
+    ]
+    (root / "chapters" / "01_tiny.ipynb").write_text(json.dumps(
+        {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"},
+                                      "language_info": {"name": "python"}},
+         "nbformat": 4, "nbformat_minor": 5}))
+    src, out = tmp_path / "src", tmp_path / "book"
+    book_build.stage(src, root=root, repo={"url": "", "branch": "main", "configured": False})
+    book_build.build(out, src)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as p:
+            browser = launch(p)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=2)
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/chapters/01_tiny.html", wait_until="load")
+                page.wait_for_function("Array.from(document.querySelectorAll('article img')).every(i => i.complete)")
+                images = page.evaluate("""() => Array.from(document.querySelectorAll('article .cell_output img')).map(i => {
+                    const r = i.getBoundingClientRect(), f = i.closest('figure');
+                    return {alt: i.getAttribute('alt'), natural: i.naturalWidth, width: r.width, height: r.height,
+                            column: document.querySelector('article').getBoundingClientRect().width,
+                            caption: f ? f.querySelector('figcaption').textContent.replace(/[#¶]\\s*$/, '').trim() : null};
+                })""")
+                code = page.locator("article .output.text_html code").all_inner_texts()
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    small, wide = images
+    assert small["natural"] == 800 and abs(small["width"] - 400) <= 1 and abs(small["height"] - 200) <= 1, small
+    assert small["alt"] == title and small["caption"] == title, small
+    assert wide["width"] <= wide["column"] + 1 and wide["width"] < 1200, wide
+    assert abs(wide["height"] - wide["width"] / 4) <= 2, f"the wide figure lost its aspect: {wide}"
+    assert wide["caption"] == "A wide one"
+    assert code == ["torch.softmax"]

@@ -52,6 +52,9 @@ def test_pages_publishes_the_book_from_main_only():
     out = re.search(r"--out (\S+)", book["run"]).group(1)
     assert book["env"]["MHA_REPOSITORY_URL"] == "${{ github.server_url }}/${{ github.repository }}", (
         "the published book's Colab links must point at the repository it is published from")
+    assert "--require-repository" in book["run"], "Pages must refuse to publish a book without its repository"
+    # Copy buttons on the published book: conf.py uses sphinx-copybutton where it is installed.
+    assert re.search(r"pip install sphinx-copybutton==[\d.]+$", runs(build), re.M)
     (upload,) = steps_using(build, "actions/upload-pages-artifact")
     assert upload["with"]["path"] == out, f"the Pages artifact ({upload['with']['path']}) is not the book ({out})"
 

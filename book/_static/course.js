@@ -9,6 +9,11 @@
  *    so that course.css can wrap a long line with a hanging indent under its own indentation
  *    and a ↪ on each continuation row. The text is unchanged: each line keeps its "\n".
  * 3. Figures, sized to the column by course.css, open at full size on a click.
+ * 4. Search excerpts from the page's text. Sphinx's search (searchtools.js) cuts each result's
+ *    excerpt from the page's [role=main], which in this theme also holds the article's header
+ *    buttons ("System Settings Light Dark"), the print-only table of contents and the page's
+ *    contents sidebar. Search.htmlToText is wrapped to read the <article> only, without the
+ *    box of links under the title. Everything else of Sphinx's search is its own.
  */
 (function () {
   "use strict";
@@ -85,7 +90,37 @@
     link.appendChild(img);
   }
 
+  // 4. Search excerpts: the article's text only.
+  var CHROME = ".headerlink, script, style, .mha-launch, .toctree-wrapper";
+  function articleText(htmlString, anchor) {
+    var doc = new DOMParser().parseFromString(htmlString, "text/html");
+    var article = doc.querySelector("article.bd-article") || doc.querySelector("article");
+    if (!article) return null;
+    article.querySelectorAll(CHROME).forEach(function (e) { e.remove(); });
+    if (anchor) {
+      var part = article.querySelector(anchor);
+      if (part) return part.textContent;
+    }
+    return article.textContent;
+  }
+
+  function patchSearch() {
+    // searchtools.js declares `const Search`: a global binding, not a property of window.
+    var search = typeof Search !== "undefined" ? Search : window.Search;
+    if (!search || typeof search.htmlToText !== "function" || search.htmlToText.mhaArticle) return;
+    var original = search.htmlToText;
+    var patched = function (htmlString, anchor) {
+      var text = null;
+      try { text = articleText(htmlString, anchor); } catch (e) { text = null; }
+      return text === null ? original.call(search, htmlString, anchor) : text;
+    };
+    patched.mhaArticle = true;
+    search.htmlToText = patched;
+  }
+  patchSearch(); // searchtools.js may already be loaded; else at DOMContentLoaded (below)
+
   function run() {
+    patchSearch();
     wireToggles();
     document.querySelectorAll("article .cell_output img").forEach(zoomable);
     document.querySelectorAll("article pre").forEach(lineBlocks);
