@@ -55,6 +55,7 @@ import torch.nn.functional as F
 import mha_lib
 from mha_lib import causal_mask, get_device, padding_mask, plot_attention, seed_everything
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -59,6 +59,7 @@ from torch import nn
 
 from mha_lib import AttentionHead, get_device, plot_attention, scaled_dot_product_attention, seed_everything
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -70,6 +70,7 @@ from torch import nn
 import mha_lib
 from mha_lib import MultiHeadAttention, get_device, plot_attention, scaled_dot_product_attention, seed_everything
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -76,6 +76,7 @@ from torch import nn
 import mha_lib
 from mha_lib import MultiHeadAttention, causal_mask, get_device, padding_mask, plot_attention, seed_everything
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 device64 = torch.device("cpu") if device.type == "mps" else device  # Apple's MPS has no float64
 seed_everything(0)

@@ -66,6 +66,7 @@ from torch import nn
 from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, combine_heads, get_device,
                      scaled_dot_product_attention, seed_everything, sinusoidal_positions, split_heads)
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

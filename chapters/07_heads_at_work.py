@@ -98,6 +98,7 @@ from mha_lib.sentiment.findings import (
 from mha_lib.sentiment.plots import plot_runs
 from mha_lib.sentiment.run import baselines
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

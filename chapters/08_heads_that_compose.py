@@ -68,6 +68,7 @@ from mha_lib.induction.plots import plot_curves, plot_scores
 from mha_lib.induction.run import CONFIGS, baselines, eval_batch, measure
 from mha_lib.induction.study import load_study, load_trained
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_num_threads(1)  # this notebook's choice: models this small train fastest on one thread

@@ -64,6 +64,7 @@ import mha_lib
 from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask, get_device, padding_mask, seed_everything
 from mha_lib import bench
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -68,6 +68,7 @@ from mha_lib import (KVCache, LatentCache, MultiHeadAttention, MultiHeadLatentAt
                      seed_everything, sliding_window_mask, split_heads)
 from mha_lib.bench.decode import decode_benchmark, format_result
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -56,6 +56,7 @@ import torch
 
 from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything, sliding_window_mask
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)
@@ -390,7 +391,7 @@ plt.show()
 #
 # ## Your turn
 #
-# - Start your copy: `make exercise N=11` (or `.venv/bin/python -m mha_lib start 11`), then open
+# - Start your copy: `make exercise N=11` (or `.venv/bin/python -m mha_course start 11`), then open
 #   `workspace/11_restricting_heads.ipynb`. The exercise notebook is
 #   `exercises/11_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.

@@ -28,7 +28,7 @@
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=01`, or `.venv/bin/python -m mha_lib start 01`; see the README), so that
+# (`make exercise N=01`, or `.venv/bin/python -m mha_course start 01`; see the README), so that
 # updates to the course never overwrite your work.
 # -->
 

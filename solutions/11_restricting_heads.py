@@ -36,7 +36,7 @@
 # Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
 # the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
 # compute what the text asks for, then compare with `solutions/11_restricting_heads.ipynb`.
-# Work in your own copy (`make exercise N=11`, or `.venv/bin/python -m mha_lib start 11`).
+# Work in your own copy (`make exercise N=11`, or `.venv/bin/python -m mha_course start 11`).
 # -->
 
 # %%
@@ -46,6 +46,7 @@ import torch
 from mha_lib import MultiHeadAttention, get_device, plot_attention, seed_everything, split_heads
 from mha_lib.checks import check_halves_mask, check_restricted_attention
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -26,6 +26,7 @@ import html
 import itertools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +122,12 @@ def _is_assert(frame: FrameType | None) -> bool:
 # ---------------------------------------------------------------- the result
 
 
+def _html_text(text: str) -> str:
+    """``text`` as HTML: escaped, and what it writes between backticks ("use `torch.softmax`")
+    shown as code, in JupyterLab as in the book (the plain-text form keeps the backticks)."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """The outcome of a check. ``bool(result)`` is True only when it passed.
@@ -161,8 +168,8 @@ class CheckResult:
 
     def _repr_html_(self) -> str:
         colour = COLOURS[self.status]
-        head = f"<b>{ICONS[self.status]} {html.escape(self.name)}</b>: {html.escape(self.message)}"
-        hint = f"<br><b>Hint:</b> {html.escape(self.hint)}" if self.hint else ""
+        head = f"<b>{ICONS[self.status]} {html.escape(self.name)}</b>: {_html_text(self.message)}"
+        hint = f"<br><b>Hint:</b> {_html_text(self.hint)}" if self.hint else ""
         return (
             f'<div style="border-left: 4px solid {colour}; padding: 4px 10px; '
             f'margin: 2px 0; font-family: var(--jp-content-font-family, sans-serif)">{head}{hint}</div>'
