@@ -577,6 +577,58 @@ def test_hints_show_code_as_code() -> None:
     assert any("<code>raise NotImplementedError</code>" in h for h in html_outputs)
 
 
+def test_figures_are_drawn_at_twice_their_pixels_and_shipped_light(tmp_path: Path) -> None:
+    """Every notebook figure is a retina PNG (twice the pixels of its displayed width); the book
+    ships it as a 256-colour palette when that looks the same, and keeps an image that a palette
+    would change (here: noise with many colours)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import figures
+
+    for notebook in sorted(ROOT.glob(f"*/{NOTEBOOK_GLOB}")):
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            for output in cell.get("outputs", []):
+                if "image/png" in output.get("data", {}):
+                    raw = base64.b64decode("".join(output["data"]["image/png"]))
+                    width = Image.open(io.BytesIO(raw)).width
+                    shown = output.get("metadata", {}).get("image/png", {}).get("width")
+                    assert shown == width // 2, f"{notebook.name}: a figure without retina pixels ({width} px, {shown})"
+
+    def png(image: Image.Image) -> str:
+        out = io.BytesIO()
+        image.save(out, format="png")
+        return base64.b64encode(out.getvalue()).decode()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(6, 2.5), dpi=200)  # a figure as the chapters draw them
+    axes[0].imshow(np.random.default_rng(0).random((8, 8)), cmap="Blues")
+    axes[1].plot(np.sin(np.linspace(0, 6, 100)), label="sine")
+    axes[1].legend()
+    fig.suptitle("A figure")
+    canvas = io.BytesIO()
+    fig.savefig(canvas, format="png")
+    plt.close(fig)
+    drawn = Image.open(canvas).convert("RGB")
+    light = figures.lighter_png(png(drawn))
+    kept = Image.open(io.BytesIO(base64.b64decode(light)))
+    assert kept.mode == "P" and len(light) < len(png(drawn))
+    error = np.abs(np.asarray(kept.convert("RGB"), dtype=int) - np.asarray(drawn, dtype=int)).mean()
+    assert error < figures.PALETTE_MEAN_ERROR
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 200, 3), dtype=np.uint8))
+    assert figures.lighter_png(png(noise)) == png(noise), "a palette would change this image: kept as is"
+    cells = [{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": {"image/png": png(drawn)}}]}]
+    figures.lighter_figures(cells, cache=tmp_path)
+    assert cells[0]["outputs"][0]["data"]["image/png"] == light and len(list(tmp_path.iterdir())) == 1
+
+
 def test_every_cited_paper_is_in_the_references_with_a_link() -> None:
     """Every ``"Title" (year)`` a chapter cites, and every arXiv id or DOI it mentions, is in
     book/references.py, which gives each paper a link (arXiv, DOI or URL)."""
