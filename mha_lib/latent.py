@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
-from .heads import combine_heads, split_heads
+from .heads import _split_heads, combine_heads
 from .positions import apply_rotary
 from .validation import check_flag, check_forward, check_heads, check_positive_int, check_whole, describe, same_tensor
 
@@ -203,7 +203,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError("MultiHeadLatentAttention builds keys and values from one latent: pass one tensor as "
                              "key and value (x, x, x for self-attention; query, memory, memory for cross-attention)")
         absorb = check_flag(absorb, "absorb")
-        q = split_heads(self.W_q(query), self.num_heads)  # 1) queries (B, H, Lq, d_k)
+        q = _split_heads(self.W_q(query), self.num_heads)  # 1) queries (B, H, Lq, d_k)
         latent = self.W_dkv(key)  # 2) compress: (B, Lk, d_latent)
         q_rope, k_rope = self.rotary_parts(query, key, start=past)  # (B, H, Lq, d_rope), (B, Lk, d_rope) or None
         if cache is not None:  # decoding: the cached latents, and the new ones
@@ -217,7 +217,7 @@ class MultiHeadLatentAttention(nn.Module):
         ``(B, Lk, d_rope)``, rotated by their positions ``start, start + 1, ...``; None without ``d_rope``."""
         if not self.d_rope:
             return None, None
-        q_rope = split_heads(self.W_qr(query), self.num_heads)  # (B, H, Lq, d_rope)
+        q_rope = _split_heads(self.W_qr(query), self.num_heads)  # (B, H, Lq, d_rope)
         k_rope = self.W_kr(key)  # (B, Lk, d_rope): one for all heads
         q_positions = torch.arange(start, start + query.size(1), device=query.device)
         k_positions = torch.arange(start, start + key.size(1), device=key.device)
@@ -226,8 +226,8 @@ class MultiHeadLatentAttention(nn.Module):
     def attend(self, q: Tensor, q_rope: Tensor | None, latent: Tensor, k_rope: Tensor | None,
                mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Rebuild every head's keys and values from the latents, then attend as multi-head attention."""
-        k = split_heads(self.W_uk(latent), self.num_heads)  # (B, H, Lk, d_k): every cached token up-projected
-        v = split_heads(self.W_uv(latent), self.num_heads)  # (B, H, Lk, d_k)
+        k = _split_heads(self.W_uk(latent), self.num_heads)  # (B, H, Lk, d_k): every cached token up-projected
+        v = _split_heads(self.W_uv(latent), self.num_heads)  # (B, H, Lk, d_k)
         if q_rope is not None and k_rope is not None:  # append the rotary features: √(d_k + d_rope) scale
             q = torch.cat([q, q_rope], dim=-1)  # (B, H, Lq, d_k + d_rope)
             k = torch.cat([k, k_rope[:, None].expand(-1, self.num_heads, -1, -1)], dim=-1)  # (B, H, Lk, d_k + d_rope)
