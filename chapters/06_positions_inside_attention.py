@@ -560,8 +560,9 @@ assert abs(theta_ntk[slowest] * stretch - theta[slowest]) < 1e-12
 # ## Exercises
 #
 # Practise what this chapter built in `exercises/06_positions_inside_attention.ipynb`: write
-# `apply_rotary` yourself, then one rotary attention step; each exercise checks itself and tells
-# you what is wrong. See the README for how to start your own copy.
+# `apply_rotary` yourself, then one rotary attention step, then ALiBi's bias `alibi_bias` with
+# the paper's slopes; each exercise checks itself and tells you what is wrong. See the README for
+# how to start your own copy.
 #
 # ## What comes next
 #

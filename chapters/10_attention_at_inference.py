@@ -629,7 +629,8 @@ assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1
 # ## Exercises
 #
 # Practise what this chapter built in `exercises/10_attention_at_inference.ipynb`: the sliding
-# window mask, `repeat_kv`, and one decoding step with a cache and rotary positions; each
+# window mask, `repeat_kv`, one decoding step with a cache and rotary positions, and the fold of
+# latent attention's up-projections (`W_uk` into the queries, `W_uv` into `W_o`); each
 # exercise checks itself and tells you what is wrong. See the README for how to start your own
 # copy.
 #

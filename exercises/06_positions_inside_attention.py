@@ -16,8 +16,8 @@
 # %% [markdown]
 # # Exercises · Chapter 06 · Positions inside attention
 #
-# Two exercises on rotary positions (RoPE): rotate queries and keys by their positions, then
-# use the rotation in one attention step.
+# Three exercises: two on rotary positions (RoPE), rotating queries and keys by their positions
+# and then using the rotation in one attention step, and one on ALiBi's bias on the scores.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -29,7 +29,7 @@
 import torch
 
 from mha_lib import scaled_dot_product_attention
-from mha_lib.checks import check_apply_rotary, check_rotary_attention
+from mha_lib.checks import check_alibi_bias, check_apply_rotary, check_rotary_attention
 
 # %% [markdown]
 # ## Exercise 6.1 · Rotate by position
@@ -98,6 +98,63 @@ def rotary_attention(query, key, value, mask=None):
 
 # %%
 check_rotary_attention(rotary_attention)
+
+# %% [markdown]
+#
+
+# %% [markdown]
+# ## Exercise 6.3 · An ALiBi bias
+#
+# Write `alibi_bias(num_heads, seq_len, device=None)`: ALiBi's bias on the scores (chapter 06,
+# section 7), a **float32** tensor `(num_heads, seq_len, seq_len)` with
+#
+# $$\text{bias}[h, i, j] = -m_h \cdot |i - j|$$
+#
+# for query `i` and key `j`: 0 on the diagonal, and more negative the farther the key, before or
+# after the query (a decoder adds its causal mask separately). Each head `h` has a fixed slope `m_h`:
+#
+# - when `num_heads` is a power of two, a geometric sequence that starts at $2^{-8/H}$ with that same
+#   ratio: $m_h = 2^{-8(h+1)/H}$ for `h = 0 .. H-1` (8 heads: 1/2, 1/4, …, 1/256; 4 heads: 1/4,
+#   1/16, 1/64, 1/256);
+# - otherwise, as in the paper's code (and BLOOM's): the `n` slopes of `n` heads, `n` the largest
+#   power of two below `H`, followed by every other slope of `2n` heads (its 1st, 3rd, 5th, …) until
+#   there are `H`. For 6 heads: 1/4, 1/16, 1/64, 1/256 (`n = 4`), then 1/2 and 1/8 (the 1st and
+#   3rd of the 8 heads' 1/2, 1/4, 1/8, …).
+#
+# Create the tensor on `device` (`None`: the CPU), as `mha_lib.alibi_bias(num_heads, seq_len,
+# device)` does: a model on the GPU needs its bias there. Don't call `mha_lib.alibi_bias` or
+# `mha_lib.positions.alibi_slopes`: the check compares your code with them.
+#
+# <details><summary>Hint 1</summary>
+#
+# Build the slopes first, as a list of Python floats: a helper `powers_of_two(n)` that returns
+# `[2 ** (-8 * (h + 1) / n) for h in range(n)]` does both cases. The largest power of two
+# `n <= H` is `2 ** (H.bit_length() - 1)` (or start at `n = 1` and double it while `2 * n <= H`);
+# with `n == H` nothing is added. `torch.tensor(slopes, device=device)` is then float32 `(H,)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `pos = torch.arange(seq_len, device=device)`; `(pos[:, None] - pos[None, :]).abs()` is the
+# distance `|i - j|`, `(L, L)`. `slopes[:, None, None]`, `(H, 1, 1)`, times it broadcasts to
+# `(H, L, L)`. The check also asks for `device=torch.device("meta")`, a device with shapes but no
+# numbers, in place of a GPU: every tensor you create must be on `device`.
+# </details>
+
+# %%
+def alibi_bias(num_heads, seq_len, device=None):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_alibi_bias(alibi_bias)
+
+# %% [markdown]
+# Look at what your function gives: print the slopes it uses for 6 heads (`-bias[:, 1, 0]`) next
+# to those for 4 and 8 heads, and check that every head's bias depends on `i - j` only (it is
+# constant along every diagonal).
+
+# %%
+# your code here
 
 # %% [markdown]
 #

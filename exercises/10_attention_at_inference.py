@@ -16,8 +16,9 @@
 # %% [markdown]
 # # Exercises · Chapter 10 · Attention at inference
 #
-# Three exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
-# groups of query heads share, and one decoding step with a key/value cache and rotary positions.
+# Four exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
+# groups of query heads share, one decoding step with a key/value cache and rotary positions, and
+# the fold that lets multi-head latent attention decode from its latents alone.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -26,10 +27,13 @@
 # updates to the course never overwrite your work.
 
 # %%
+import math
+
 import torch
 
-from mha_lib import apply_rotary, scaled_dot_product_attention
-from mha_lib.checks import check_cached_attention, check_repeat_kv, check_sliding_window_mask
+from mha_lib import MultiHeadLatentAttention, apply_rotary, causal_mask, scaled_dot_product_attention, split_heads
+from mha_lib.checks import (check_absorb_up_projections, check_cached_attention, check_repeat_kv,
+                            check_sliding_window_mask)
 
 # %% [markdown]
 # ## Exercise 10.1 · The sliding-window mask
@@ -119,6 +123,64 @@ check_cached_attention(attend_with_cache)
 # %% [markdown]
 # Decode a sequence of your own with it, in chunks of your choice (say 4, then 1, 1, 1), and
 # compare the outputs with rotary attention over the whole sequence at once with a causal mask.
+
+# %%
+# your code here
+
+# %% [markdown]
+#
+
+# %% [markdown]
+# ## Exercise 10.4 · Absorb the up-projections
+#
+# Multi-head latent attention (chapter 10, section 7) caches one latent `c = W_dkv x` per token;
+# head `h` rebuilds its key `W_uk[h] c` and its value `W_uv[h] c` from it. Write
+# `absorb_up_projections(mla)`: given a `MultiHeadLatentAttention` with `H = mla.num_heads` heads
+# of `d_k = mla.d_k` features and a latent of `d_latent = mla.d_latent`, return `(W_uk, W_ov)`,
+# the two matrices that let a decoding step attend over the latents without building a key or a
+# value:
+#
+# - `W_uk (H, d_k, d_latent)`: each head's key up-projection, `k_h = W_uk[h] c`, to fold into
+#   that head's query (`q_h @ W_uk[h]` is the query in latent space);
+# - `W_ov (d_model, H, d_latent)`: `W_o` with `W_uv` folded in, `W_ov[:, h] = W_o[:, h] @ W_uv[h]`,
+#   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o` that reads head `h`.
+#
+# These are what `mla.absorbed_weights()` returns; don't call it. `W_uk`, `W_uv` and `W_o` are
+# `nn.Linear` layers.
+#
+# <details><summary>Hint 1</summary>
+#
+# `nn.Linear.weight` is `(out_features, in_features)`. `W_uk.weight` and `W_uv.weight` are
+# `(H · d_k, d_latent)`, their rows head by head, in the order `split_heads` cuts a projection's
+# output; `W_o.weight` is `(d_model, H · d_k)`, its columns head by head.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `torch.einsum("mhk,hkc->mhc", W_o_per_head, W_uv_per_head)` multiplies every head's blocks at
+# once. Try your function on `MultiHeadLatentAttention(12, 3, d_latent=7)` (`d_k = 4`) and print
+# the shapes: with `d_k` different from `d_latent`, a missing or extra transpose shows.
+# </details>
+
+# %%
+def absorb_up_projections(mla):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_absorb_up_projections(absorb_up_projections)
+
+# %% [markdown]
+# Use your two matrices: compute `mla(x, x, x, mask=causal_mask(L))` for a layer and inputs of
+# your own from the latents `mla.W_dkv(x)`, without building a key or a value, and compare.
+#
+# <details><summary>Hint</summary>
+#
+# Every head attends over the same latents `(B, 1, L, d_latent)`, with the queries
+# `split_heads(mla.W_q(x), H) @ W_uk`. The scores must still be divided by `√d_k`, and
+# `scaled_dot_product_attention` divides by the square root of its keys' width, `d_latent`:
+# multiply the queries by `√(d_latent / d_k)`. Then `torch.einsum` the blended latents with
+# `W_ov`, and add `W_o`'s bias.
+# </details>
 
 # %%
 # your code here

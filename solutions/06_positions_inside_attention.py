@@ -21,8 +21,8 @@
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Two exercises on rotary positions (RoPE): rotate queries and keys by their positions, then
-# use the rotation in one attention step.
+# Three exercises: two on rotary positions (RoPE), rotating queries and keys by their positions
+# and then using the rotation in one attention step, and one on ALiBi's bias on the scores.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -36,7 +36,7 @@
 import torch
 
 from mha_lib import scaled_dot_product_attention
-from mha_lib.checks import check_apply_rotary, check_rotary_attention
+from mha_lib.checks import check_alibi_bias, check_apply_rotary, check_rotary_attention
 
 # %% [markdown]
 # ## Exercise 6.1 · Rotate by position
@@ -135,6 +135,86 @@ check_rotary_attention(rotary_attention)
 # would then carry each key's absolute position, and shifting the whole sequence would change it.
 # Rotating only the queries (or only the keys) is the other one: the score would depend on
 # `i` alone (or `j` alone), not on the offset `i - j`.
+# <!-- END SOLUTION -->
+
+# %% [markdown]
+# ## Exercise 6.3 · An ALiBi bias
+#
+# Write `alibi_bias(num_heads, seq_len, device=None)`: ALiBi's bias on the scores (chapter 06,
+# section 7), a **float32** tensor `(num_heads, seq_len, seq_len)` with
+#
+# $$\text{bias}[h, i, j] = -m_h \cdot |i - j|$$
+#
+# for query `i` and key `j`: 0 on the diagonal, and more negative the farther the key, before or
+# after the query (a decoder adds its causal mask separately). Each head `h` has a fixed slope `m_h`:
+#
+# - when `num_heads` is a power of two, a geometric sequence that starts at $2^{-8/H}$ with that same
+#   ratio: $m_h = 2^{-8(h+1)/H}$ for `h = 0 .. H-1` (8 heads: 1/2, 1/4, …, 1/256; 4 heads: 1/4,
+#   1/16, 1/64, 1/256);
+# - otherwise, as in the paper's code (and BLOOM's): the `n` slopes of `n` heads, `n` the largest
+#   power of two below `H`, followed by every other slope of `2n` heads (its 1st, 3rd, 5th, …) until
+#   there are `H`. For 6 heads: 1/4, 1/16, 1/64, 1/256 (`n = 4`), then 1/2 and 1/8 (the 1st and
+#   3rd of the 8 heads' 1/2, 1/4, 1/8, …).
+#
+# Create the tensor on `device` (`None`: the CPU), as `mha_lib.alibi_bias(num_heads, seq_len,
+# device)` does: a model on the GPU needs its bias there. Don't call `mha_lib.alibi_bias` or
+# `mha_lib.positions.alibi_slopes`: the check compares your code with them.
+#
+# <details><summary>Hint 1</summary>
+#
+# Build the slopes first, as a list of Python floats: a helper `powers_of_two(n)` that returns
+# `[2 ** (-8 * (h + 1) / n) for h in range(n)]` does both cases. The largest power of two
+# `n <= H` is `2 ** (H.bit_length() - 1)` (or start at `n = 1` and double it while `2 * n <= H`);
+# with `n == H` nothing is added. `torch.tensor(slopes, device=device)` is then float32 `(H,)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `pos = torch.arange(seq_len, device=device)`; `(pos[:, None] - pos[None, :]).abs()` is the
+# distance `|i - j|`, `(L, L)`. `slopes[:, None, None]`, `(H, 1, 1)`, times it broadcasts to
+# `(H, L, L)`. The check also asks for `device=torch.device("meta")`, a device with shapes but no
+# numbers, in place of a GPU: every tensor you create must be on `device`.
+# </details>
+
+# %%
+def alibi_bias(num_heads, seq_len, device=None):
+    # BEGIN SOLUTION
+    def powers_of_two(n):  # the slopes of n heads, n a power of two: 2^(-8/n), 2^(-16/n), ..., 2^(-8)
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    n = 2 ** (num_heads.bit_length() - 1)  # the largest power of two <= num_heads
+    slopes = powers_of_two(n) + powers_of_two(2 * n)[0::2][: num_heads - n]  # num_heads Python floats
+    m = torch.tensor(slopes, device=device)  # (H,) float32
+    pos = torch.arange(seq_len, device=device)
+    distance = (pos[:, None] - pos[None, :]).abs()  # (L, L) int64: |i - j|
+    return -m[:, None, None] * distance  # (H, L, L) float32
+    # END SOLUTION
+
+
+# %%
+check_alibi_bias(alibi_bias)
+
+# %% [markdown]
+# Look at what your function gives: print the slopes it uses for 6 heads (`-bias[:, 1, 0]`) next
+# to those for 4 and 8 heads, and check that every head's bias depends on `i - j` only (it is
+# constant along every diagonal).
+
+# %%
+# BEGIN SOLUTION
+for H in (4, 6, 8):
+    bias = alibi_bias(H, 5)  # (H, 5, 5)
+    assert torch.equal(bias[:, 1:, 1:], bias[:, :-1, :-1])  # constant along every diagonal
+    print(f"{H} heads:", " ".join(f"{m:.4f}" for m in (-bias[:, 1, 0]).tolist()))
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** Six heads reuse the four heads' slopes and add two of the eight heads' that lie
+# between them (1/2 and 1/8), so the slopes still range from steep to flat; the paper found the
+# geometric sequence works best for powers of two and builds other counts this way. The order is
+# part of the convention: a head trained with one slope is wrong with another. Libraries write the
+# bias in other forms: Hugging Face's BLOOM adds `+m_h · j` (the key's position) instead of
+# `-m_h · (i - j)`; the two differ by `m_h · i`, the same number along each query's row, which the
+# softmax ignores, so with the causal mask they give the same weights.
 # <!-- END SOLUTION -->
 
 # %% [markdown]

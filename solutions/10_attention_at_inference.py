@@ -21,8 +21,9 @@
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Three exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
-# groups of query heads share, and one decoding step with a key/value cache and rotary positions.
+# Four exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
+# groups of query heads share, one decoding step with a key/value cache and rotary positions, and
+# the fold that lets multi-head latent attention decode from its latents alone.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -33,10 +34,13 @@
 # -->
 
 # %%
+import math
+
 import torch
 
-from mha_lib import apply_rotary, scaled_dot_product_attention
-from mha_lib.checks import check_cached_attention, check_repeat_kv, check_sliding_window_mask
+from mha_lib import MultiHeadLatentAttention, apply_rotary, causal_mask, scaled_dot_product_attention, split_heads
+from mha_lib.checks import (check_absorb_up_projections, check_cached_attention, check_repeat_kv,
+                            check_sliding_window_mask)
 
 # %% [markdown]
 # ## Exercise 10.1 · The sliding-window mask
@@ -174,6 +178,96 @@ print("chunks of 4, 1, 1, 1 == the full causal forward:", torch.allclose(torch.c
 # positions at 0 for every chunk. `mha_lib.KVCache` and `forward(..., cache=)` do the same steps;
 # for one new token with no other mask they skip the mask altogether, since it would allow
 # everything.
+# <!-- END SOLUTION -->
+
+# %% [markdown]
+# ## Exercise 10.4 · Absorb the up-projections
+#
+# Multi-head latent attention (chapter 10, section 7) caches one latent `c = W_dkv x` per token;
+# head `h` rebuilds its key `W_uk[h] c` and its value `W_uv[h] c` from it. Write
+# `absorb_up_projections(mla)`: given a `MultiHeadLatentAttention` with `H = mla.num_heads` heads
+# of `d_k = mla.d_k` features and a latent of `d_latent = mla.d_latent`, return `(W_uk, W_ov)`,
+# the two matrices that let a decoding step attend over the latents without building a key or a
+# value:
+#
+# - `W_uk (H, d_k, d_latent)`: each head's key up-projection, `k_h = W_uk[h] c`, to fold into
+#   that head's query (`q_h @ W_uk[h]` is the query in latent space);
+# - `W_ov (d_model, H, d_latent)`: `W_o` with `W_uv` folded in, `W_ov[:, h] = W_o[:, h] @ W_uv[h]`,
+#   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o` that reads head `h`.
+#
+# These are what `mla.absorbed_weights()` returns; don't call it. `W_uk`, `W_uv` and `W_o` are
+# `nn.Linear` layers.
+#
+# <details><summary>Hint 1</summary>
+#
+# `nn.Linear.weight` is `(out_features, in_features)`. `W_uk.weight` and `W_uv.weight` are
+# `(H · d_k, d_latent)`, their rows head by head, in the order `split_heads` cuts a projection's
+# output; `W_o.weight` is `(d_model, H · d_k)`, its columns head by head.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `torch.einsum("mhk,hkc->mhc", W_o_per_head, W_uv_per_head)` multiplies every head's blocks at
+# once. Try your function on `MultiHeadLatentAttention(12, 3, d_latent=7)` (`d_k = 4`) and print
+# the shapes: with `d_k` different from `d_latent`, a missing or extra transpose shows.
+# </details>
+
+# %%
+def absorb_up_projections(mla):
+    # BEGIN SOLUTION
+    H, d_k, d_latent = mla.num_heads, mla.d_k, mla.d_latent
+    W_uk = mla.W_uk.weight.view(H, d_k, d_latent)  # rows h·d_k .. (h+1)·d_k build head h's key
+    W_uv = mla.W_uv.weight.view(H, d_k, d_latent)  # and its value
+    W_o = mla.W_o.weight.view(-1, H, d_k)  # (d_model, H, d_k): the columns that read each head
+    W_ov = torch.einsum("mhk,hkc->mhc", W_o, W_uv)  # W_o[:, h] @ W_uv[h], every head at once
+    return W_uk, W_ov
+    # END SOLUTION
+
+
+# %%
+check_absorb_up_projections(absorb_up_projections)
+
+# %% [markdown]
+# Use your two matrices: compute `mla(x, x, x, mask=causal_mask(L))` for a layer and inputs of
+# your own from the latents `mla.W_dkv(x)`, without building a key or a value, and compare.
+#
+# <details><summary>Hint</summary>
+#
+# Every head attends over the same latents `(B, 1, L, d_latent)`, with the queries
+# `split_heads(mla.W_q(x), H) @ W_uk`. The scores must still be divided by `√d_k`, and
+# `scaled_dot_product_attention` divides by the square root of its keys' width, `d_latent`:
+# multiply the queries by `√(d_latent / d_k)`. Then `torch.einsum` the blended latents with
+# `W_ov`, and add `W_o`'s bias.
+# </details>
+
+# %%
+# BEGIN SOLUTION
+torch.manual_seed(0)
+mla = MultiHeadLatentAttention(12, 3, d_latent=7).double().eval()
+x = torch.randn(2, 5, 12, dtype=torch.float64)
+with torch.no_grad():
+    W_uk, W_ov = absorb_up_projections(mla)
+    q = split_heads(mla.W_q(x), mla.num_heads) @ W_uk  # (B, H, L, d_latent): each head's query in latent space
+    q = q * math.sqrt(mla.d_latent / mla.d_k)  # the scores keep their 1/√d_k
+    latents = mla.W_dkv(x)[:, None]  # (B, 1, L, d_latent): one key and one value, shared by every head
+    blended, _ = scaled_dot_product_attention(q, latents, latents, causal_mask(5))  # (B, H, L, d_latent)
+    out = torch.einsum("bhlc,mhc->blm", blended, W_ov) + mla.W_o.bias  # (B, L, d_model)
+    print("absorbed == mla(x, x, x, mask=causal_mask(5)):", torch.allclose(out, mla(x, x, x, mask=causal_mask(5))))
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** `W_uk` needs no arithmetic at all: it is the weight, viewed per head. The
+# slips the check names are a transpose where none is needed (`W_uk.weight.T.reshape(...)` has
+# the right shape and scrambled numbers), the head axis split in the wrong order (head `h` must
+# get the block of rows `h·d_k .. (h+1)·d_k`, as `split_heads` cuts, not every `H`-th row),
+# `W_uv` multiplied on the wrong side of `W_o[:, h]`, the two up-projections swapped (`W_uk` goes
+# with the queries, `W_uv` with `W_o`), `W_o` returned without the fold, and
+# `W_o.weight @ W_uv.weight`, which sums the heads' folded blocks: each head blends the latents
+# with its own weights, so each needs its own block. The fold costs no sequence length: it is
+# computed once per layer, and a decoding step then reads each cached latent as it is, for every
+# head, instead of rebuilding `H` keys and `H` values from it. In the second cell the scale is
+# the one thing to watch: the scores are the same numbers in either order, divided by `√d_k`,
+# whatever width the dot product runs over.
 # <!-- END SOLUTION -->
 
 # %% [markdown]

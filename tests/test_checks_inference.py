@@ -1,6 +1,6 @@
-"""The checks of chapters 06 and 10: rotary positions, sliding windows, shared key/value heads and
-decoding with a cache. Each passes two differently written right answers, fails each mistake it
-names with that mistake's hint, reads a stub as "not implemented yet", and never crashes."""
+"""The checks of chapters 06 and 10: rotary positions, ALiBi's bias, sliding windows, shared key/value
+heads and decoding with a cache. Each passes two differently written right answers, fails each
+mistake it names with that mistake's hint, reads a stub as "not implemented yet", and never crashes."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import mha_lib
 from mha_lib import checks
 from conftest import expect_fail, expect_pass
 from mha_lib.checks import CheckResult
+from mha_lib.checks.alibi import alibi as check_alibi
+from mha_lib.checks.alibi import alibi_slopes_variant
 
-NEW_CHECKS = [checks.check_apply_rotary, checks.check_rotary_attention, checks.check_sliding_window_mask,
-              checks.check_repeat_kv, checks.check_cached_attention]
+NEW_CHECKS = [checks.check_apply_rotary, checks.check_rotary_attention, checks.check_alibi_bias,
+              checks.check_sliding_window_mask, checks.check_repeat_kv, checks.check_cached_attention]
 
 
 @pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
@@ -162,6 +164,160 @@ def test_rotary_attention_interleaved_pairing():
         return mha_lib.scaled_dot_product_attention(q2, k2, v, mask)
 
     expect_fail(checks.check_rotary_attention(interleaved), "interleaved")
+
+
+# ------------------------------------------------------------------ alibi_bias (chapter 06)
+
+
+def paper_slopes(H):
+    """The paper's code: the n slopes of the largest power of two n <= H, then every other one of 2n."""
+    def powers_of_two(n):
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    n = 2 ** (H.bit_length() - 1)
+    return powers_of_two(n) + powers_of_two(2 * n)[0::2][: H - n]
+
+
+def alibi(H, L, device=None, *, slopes=paper_slopes, distance="abs", sign=-1.0, dtype=None, layout="HLL",
+          use_device=True):
+    """A learner-style ALiBi bias with switches for the classic mistakes."""
+    on = device if use_device else None
+    m = torch.tensor(slopes(H), device=on)  # (H,) float32
+    pos = torch.arange(L, device=on)
+    offset = {"abs": (pos[:, None] - pos[None, :]).abs(), "i - j": pos[:, None] - pos[None, :],
+              "j - i": pos[None, :] - pos[:, None], "past": (pos[:, None] - pos[None, :]).clamp(min=0),
+              "causal": (pos[:, None] - pos[None, :]).abs()}[distance]
+    bias = sign * m[:, None, None] * offset  # (H, L, L)
+    if distance == "causal":
+        bias = bias.masked_fill(torch.ones(L, L, dtype=torch.bool, device=on).triu(1), float("-inf"))
+    bias = bias if dtype is None else bias.to(dtype)
+    return {"HLL": bias, "LLH": bias.permute(1, 2, 0), "LL": bias[0], "1HLL": bias[None], "H": m}[layout]
+
+
+def alibi_bloom(num_heads, seq_len, device=None):
+    """Written as Hugging Face's BLOOM builds its slopes (torch.pow of a base), then -m·|i - j|."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), device=device)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, device=device))
+    if closest != num_heads:
+        extra_base = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), device=device)
+        extra = torch.arange(1, 1 + 2 * (num_heads - closest), 2, device=device)
+        slopes = torch.cat([slopes, torch.pow(extra_base, extra)])
+    i = torch.arange(seq_len, device=device)
+    return -slopes[:, None, None] * (i[:, None] - i[None, :]).abs().float()
+
+
+def alibi_loops(num_heads, seq_len, device=None):
+    """Entry by entry, in float64, cast at the end."""
+    slopes = paper_slopes(num_heads)
+    bias = torch.zeros(num_heads, seq_len, seq_len, dtype=torch.float64)
+    for h in range(num_heads):
+        for i in range(seq_len):
+            for j in range(seq_len):
+                bias[h, i, j] = -slopes[h] * abs(i - j)
+    return bias.float().to(device)
+
+
+def test_alibi_reference_is_the_library():
+    for H in range(1, 34):
+        for L in (1, 2, 7):
+            assert torch.equal(alibi(H, L), mha_lib.alibi_bias(H, L)), (H, L)
+            assert alibi_slopes_variant(H) == pytest.approx(mha_lib.positions.alibi_slopes(H).tolist(), rel=1e-6)
+            torch.testing.assert_close(check_alibi(H, L), mha_lib.alibi_bias(H, L).double())
+
+
+def test_alibi_bias_passes_right_answers():
+    expect_pass(checks.check_alibi_bias(alibi))
+    expect_pass(checks.check_alibi_bias(alibi_bloom))
+    expect_pass(checks.check_alibi_bias(alibi_loops))
+    expect_pass(checks.check_alibi_bias(lambda num_heads, seq_len, device=None: alibi(num_heads, seq_len).to(device)))
+    expect_pass(checks.check_alibi_bias(lambda num_heads, seq_len, **kw: alibi(num_heads, seq_len, **kw)))
+
+
+def _reversed(H):
+    return paper_slopes(H)[::-1]
+
+
+def _extra_not_every_other(H):
+    n = 2 ** (H.bit_length() - 1)
+    return paper_slopes(n) + paper_slopes(2 * n)[: H - n]
+
+
+def _first_of_next_power_of_two(H):
+    n = 2 ** math.ceil(math.log2(H))  # H itself for a power of two
+    return [2 ** (-8 * (h + 1) / n) for h in range(H)]
+
+
+@pytest.mark.parametrize(("wrong", "words"), [
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [2.0 ** -(h + 1) for h in range(H)]),
+     ("1/2, 1/4, 1/8", "8 heads only", "2^(-8/h)")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [2 ** (-8 * h / H) for h in range(H)]),
+     ("counted from 0", "2^0 = 1")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [2 ** (-(h + 1) / H) for h in range(H)]),
+     ("the 8 is missing",)),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=_reversed), ("wrong order", "reversed")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: sorted(paper_slopes(H), reverse=True)),
+     ("wrong order", "sorted from steep to flat", "num_heads=6")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [2 ** (-8 * (h + 1) / H) for h in range(H)]),
+     ("formula for a power of two", "6 is not one", "every other slope")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: _first_of_next_power_of_two(H)),
+     ("first 6 of 8 heads' slopes",)),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=_extra_not_every_other),
+     ("not every other one", "[0::2]")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [0.5] * H), ("every head has the same slope",)),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [1 / (h + 2) for h in range(H)]),
+     ("the right pattern", "0.5, 0.3333, 0.25, 0.2")),
+    (lambda H, L, device=None: alibi(H, L, device, sign=1.0), ("sign is flipped", "farther the key, the larger")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="i - j"), ("-m·(i - j)", "|i - j|")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="j - i"), ("-m·(j - i)", "|i - j|")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="past"), ("only the keys before the query",)),
+    (lambda H, L, device=None: alibi(H, L, device, distance="causal"), ("causal mask built in", "bias alone")),
+    (lambda H, L, device=None: alibi(H, L, device) + torch.randn(H, L, L) * 0.1 if device is None else None,
+     ("does not depend on i - j only",)),
+    (lambda H, L, device=None: alibi(H, L, device, layout="LL"),
+     ("(6, 6), expected (4, 6, 6)", "head axis is missing")),
+    (lambda H, L, device=None: alibi(H, L, device, layout="LLH"), ("head axis comes last",)),
+    (lambda H, L, device=None: alibi(H, L, device, layout="1HLL"), ("extra leading axis",)),
+    (lambda H, L, device=None: alibi(H, L, device, layout="H"), ("the slopes, without the distances",)),
+    (lambda H, L, device=None: alibi(H, L, device, dtype=torch.float64),
+     ("dtype torch.float64", "expected torch.float32")),
+    (lambda H, L, device=None: alibi(H, L, device, dtype=torch.int64), ("dtype torch.int64", "slopes are fractions")),
+    (lambda H, L, device=None: alibi(H, L, device) < 0, ("torch.bool", "float mask")),
+    (lambda H, L, device=None: alibi(H, L, device).numpy(), ("numpy",)),
+    (lambda H, L, device=None: list(alibi(H, L, device)), ("torch.stack",)),
+    (lambda H, L, device=None: mha_lib.alibi_bias(H, L, device), ("course's own answer",)),
+    (lambda H, L, device=None: -mha_lib.positions.alibi_slopes(H)[:, None, None] * alibi(1, L)[0] * 256,
+     ("alibi_slopes, the course's own answer",)),
+    (lambda H, L, device=None: alibi(H, L, device, use_device=False), ("device=torch.device('meta')", "ignored")),
+    (lambda H, L: alibi(H, L), ("doesn't accept the argument device=", "device=none")),
+])
+def test_alibi_bias_names_the_mistake(wrong, words):
+    expect_fail(checks.check_alibi_bias(wrong), *words)
+
+
+def test_alibi_bias_reports_a_device_that_fails():
+    def mixed(num_heads, seq_len, device=None):
+        slopes = torch.tensor(paper_slopes(num_heads))  # on the CPU whatever the device
+        pos = torch.arange(seq_len, device=device)
+        return -slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+
+    def no_meta_kernel(num_heads, seq_len, device=None):
+        if torch.device(device or "cpu").type == "meta":
+            raise NotImplementedError("Could not run 'aten::something' with arguments from the 'Meta' backend")
+        return alibi(num_heads, seq_len, device)
+
+    for fn in (mixed, no_meta_kernel):
+        expect_fail(checks.check_alibi_bias(fn), "device=torch.device('meta')", "right on the cpu",
+                    "create every tensor on device", status="error")
+
+
+def test_alibi_bias_crashes_are_reported():
+    def crashes_for_non_powers_of_two(num_heads, seq_len, device=None):
+        if num_heads & (num_heads - 1):
+            raise ValueError("only powers of two")
+        return alibi(num_heads, seq_len, device)
+
+    expect_fail(checks.check_alibi_bias(crashes_for_non_powers_of_two), "num_heads=6", "valueerror", status="error")
 
 
 # ------------------------------------------------------------------ sliding_window_mask (chapter 10)

@@ -17,9 +17,9 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``reference`` (the one reference implementation), then one
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
-``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` (06),
+``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and ``alibi`` (06),
 ``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
-exercise), ``efficient`` (09), ``inference`` and ``kv_cache`` (10), ``restrict`` (11).
+exercise), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
@@ -30,6 +30,7 @@ from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .positions import check_apply_rotary, check_rotary_attention
+from .alibi import check_alibi_bias
 from .encoder import check_encoder_layer, check_head_ablation
 from .repeated_segments import check_repeated_segment_batch
 from .head_scores import check_induction_score, check_previous_token_score
@@ -37,6 +38,7 @@ from .ablation_losses import check_ablation_losses
 from .efficient import check_blockwise_attention, check_fused_projection
 from .inference import check_repeat_kv, check_sliding_window_mask
 from .kv_cache import check_cached_attention
+from .latent import check_absorb_up_projections
 from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "CheckFailed",
     "CheckResult",
     "check_ablation_losses",
+    "check_absorb_up_projections",
+    "check_alibi_bias",
     "check_apply_rotary",
     "check_cached_attention",
     "check_repeat_kv",

@@ -1,4 +1,4 @@
-"""Checks for chapter 06: rotary positions (RoPE) and one rotary attention step."""
+"""Checks for chapter 06: rotary positions (RoPE) and one rotary attention step (ALiBi's check: ``alibi``)."""
 
 from __future__ import annotations
 

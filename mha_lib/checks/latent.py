@@ -1,0 +1,203 @@
+"""Check for chapter 10: multi-head latent attention's absorption, ``W_uk`` folded into the queries
+and ``W_uv`` into ``W_o`` (what :meth:`mha_lib.MultiHeadLatentAttention.absorbed_weights` returns).
+
+The learner's function gets a fresh ``MultiHeadLatentAttention`` with known float64 weights and
+returns ``(W_uk, W_ov)``, ``(H, d_k, d_latent)`` and ``(d_model, H, d_latent)``. The layers' sizes
+keep ``H``, ``d_k`` and ``d_latent`` apart (``d_latent`` above ``d_k`` in some, below in others), so
+that a missing transpose, a head axis split in the wrong order or a matrix left unabsorbed never
+has the right shape, or the right numbers, by chance; each wrong answer is compared with the
+mistakes that reproduce it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..latent import MultiHeadLatentAttention
+from ._core import CheckResult, Mistake, call, close, diagnose, expect_tensor, fail, gen, run_check, sqrt, unpack_pair
+from .reference import set_weights
+
+LAYERS = ("W_q", "W_dkv", "W_uk", "W_uv", "W_o")
+# (d_model, H, d_latent, bias, seed): d_k = d_model // H is never d_latent or H, and d_model is never H · d_latent.
+CASES = [(12, 3, 7, True, 81), (16, 2, 5, False, 82), (24, 4, 10, True, 83), (20, 4, 3, False, 84)]
+
+W_UK_DEFINITION = ("W_uk.weight is (out_features, in_features) = (H·d_k, d_latent), its rows head by head (rows "
+                   "h·d_k .. (h+1)·d_k build head h's key, k_h = W_uk[h] c): W_uk.weight.view(H, d_k, d_latent).")
+W_OV_DEFINITION = ("W_ov[:, h] = W_o[:, h] @ W_uv[h]: W_o[:, h] is the (d_model, d_k) block of W_o.weight "
+                   "(d_model, H·d_k) that reads head h, W_o.weight.view(d_model, H, d_k)[:, h], and W_uv[h] = "
+                   "W_uv.weight.view(H, d_k, d_latent)[h]; torch.einsum('mhk,hkc->mhc', ...) does every head.")
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, Tensor) else None
+
+
+def _as(value: Tensor, shape: tuple[int, ...]) -> Tensor | None:
+    """``value`` with its axes permuted into ``shape`` when a permutation of them has it (first found)."""
+    if value.dim() != len(shape) or sorted(value.shape) != sorted(shape):
+        return None
+    for order in itertools.permutations(range(value.dim())):
+        if tuple(value.shape[i] for i in order) == shape:
+            return value.permute(order)
+    return None
+
+
+def _per_head(weight: Tensor, H: int, d_k: int, d_latent: int) -> dict[str, Tensor]:
+    """An up-projection's weight ``(H·d_k, d_latent)`` cut per head, rightly and in the usual wrong ways."""
+    return {"right": weight.view(H, d_k, d_latent),
+            "interleaved": weight.view(d_k, H, d_latent).transpose(0, 1),
+            "transposed first": weight.T.reshape(H, d_k, d_latent),
+            "blocks transposed": weight.reshape(H, d_latent, d_k).transpose(1, 2)}
+
+
+def _fold(W_o: Tensor, W_uv: Tensor) -> Tensor:
+    """``W_o`` cut per head ``(d_model, H, d_k)`` times ``W_uv`` per head ``(H, d_k, d_latent)``."""
+    return torch.einsum("mhk,hkc->mhc", W_o, W_uv)
+
+
+def _check_w_uk(W_uk: Any, w: dict[str, Tensor], H: int, d_k: int, d_latent: int, expected: Tensor,
+                where: str) -> None:
+    shape = (H, d_k, d_latent)
+    uk, uv = _per_head(w["W_uk"], H, d_k, d_latent), _per_head(w["W_uv"], H, d_k, d_latent)
+    got = _shape(W_uk)
+    if got == (H, d_latent, d_k):
+        raise fail(f"W_uk has shape {got} {where}, expected {shape} (H, d_k, d_latent): each head's block is "
+                   "transposed", "k_h = W_uk[h] c, so W_uk[h] is (d_k, d_latent): " + W_UK_DEFINITION)
+    if got in ((H * d_k, d_latent), (d_latent, H * d_k)):
+        raise fail(f"W_uk has shape {got} {where}, expected {shape} (H, d_k, d_latent): the heads were not split "
+                   "apart", W_UK_DEFINITION)
+    W_uk = expect_tensor(W_uk, f"W_uk {where}", shape, dtype=torch.float64, explain=" (H, d_k, d_latent)")
+    if close(W_uk, expected):
+        return
+    scales = {"√(d_latent / d_k)": sqrt(d_latent) / sqrt(d_k), "√(d_k / d_latent)": sqrt(d_k) / sqrt(d_latent),
+              "1/√d_k": 1 / sqrt(d_k), "√d_k": sqrt(d_k), "1/√d_latent": 1 / sqrt(d_latent)}
+    mistakes: list[Mistake] = [
+        ("the weight was transposed before being cut per head (W_uk.weight.T.reshape(H, d_k, d_latent))",
+         lambda: uk["transposed first"], "No transpose is needed. " + W_UK_DEFINITION),
+        ("each head's block was cut as (d_latent, d_k) and then transposed (view(H, d_latent, d_k).transpose(1, 2))",
+         lambda: uk["blocks transposed"], W_UK_DEFINITION),
+        ("the heads were split in the wrong order: head h got rows h, h + H, h + 2H, ... (view(d_k, H, d_latent) "
+         "and a transpose), not the block of rows h·d_k .. (h+1)·d_k",
+         lambda: uk["interleaved"], "Split the head axis first, as split_heads does: " + W_UK_DEFINITION),
+        ("W_uv (the values' up-projection) was used instead of W_uk", lambda: uv["right"],
+         "The keys' up-projection W_uk folds into the queries; W_uv, the values', folds into W_o."),
+        *((f"the scale {name} was folded into W_uk", lambda s=s: uk["right"] * s,
+           "Return W_uk itself: the scores' scale (1/√d_k, or √(d_latent / d_k) on the folded queries for an "
+           "attention function that divides by √d_latent) belongs to the attention step, not to the matrix.")
+          for name, s in scales.items()),
+    ]
+    raise diagnose(W_uk, mistakes, f"W_uk is wrong {where}", W_UK_DEFINITION, expected=expected, dim=0, axis="head")
+
+
+def _check_w_ov(W_ov: Any, w: dict[str, Tensor], D: int, H: int, d_k: int, d_latent: int, expected: Tensor,
+                where: str) -> None:
+    shape = (D, H, d_latent)
+    uk, uv = _per_head(w["W_uk"], H, d_k, d_latent), _per_head(w["W_uv"], H, d_k, d_latent)
+    W_o = w["W_o"].view(D, H, d_k)
+    got = _shape(W_ov)
+    if got == (D, H, d_k) and close(W_ov.detach(), W_o):
+        raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): it is W_o cut per "
+                   "head, with W_uv not folded in", "Fold the values' up-projection into W_o: " + W_OV_DEFINITION)
+    if got == (D, H * d_k) or got == (H * d_k, D):
+        raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): it looks like W_o "
+                   "itself, with W_uv not folded in", "Fold the values' up-projection into W_o: " + W_OV_DEFINITION)
+    if got == (H, d_k, d_latent):
+        raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): it looks like W_uv "
+                   "cut per head, without W_o", W_OV_DEFINITION)
+    if got in ((D, d_latent), (d_latent, D)):
+        raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): the heads were summed "
+                   "(W_o.weight @ W_uv.weight adds up W_o[:, h] @ W_uv[h] over the heads)",
+                   "Each head blends the latents with its own weights, so each keeps its own block: "
+                   + W_OV_DEFINITION)
+    if got == (D, H * d_latent) and close(W_ov.detach(), expected.reshape(D, H * d_latent)):
+        raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): the numbers are right, "
+                   "but the head axis is merged with the latent one",
+                   "Keep one block per head: .view(d_model, H, d_latent).")
+    if isinstance(W_ov, Tensor) and got != shape:
+        permuted = _as(W_ov.detach(), shape)
+        if permuted is not None and close(permuted, expected):
+            raise fail(f"W_ov has shape {got} {where}, expected {shape} (d_model, H, d_latent): the numbers are "
+                       "right, but the axes are in another order",
+                       "absorbed_weights() lays W_ov out as (d_model, H, d_latent), W_ov[:, h] being head h's "
+                       "block: .permute(...) the axes into that order (or write the einsum's output as 'mhc').")
+    W_ov = expect_tensor(W_ov, f"W_ov {where}", shape, dtype=torch.float64, explain=" (d_model, H, d_latent)")
+    if close(W_ov, expected):
+        return
+    mistakes: list[Mistake] = [
+        ("W_uk (the keys' up-projection) was folded into W_o instead of W_uv", lambda: _fold(W_o, uk["right"]),
+         "The values' up-projection W_uv folds into W_o; W_uk, the keys', into the queries."),
+        ("W_o was cut per head without its transpose (W_o.weight.reshape(H, d_k, d_model) reads head h's block from "
+         "the wrong entries)",
+         lambda: torch.einsum("hkm,hkc->mhc", w["W_o"].reshape(H, d_k, D), uv["right"]),
+         "W_o.weight is (d_model, H·d_k), its columns head by head: W_o.weight.view(d_model, H, d_k) (or "
+         "W_o.weight.T.reshape(H, d_k, d_model), transposed first)."),
+        ("W_o's heads were split in the wrong order: head h got the columns h, h + H, ... (view(d_model, d_k, H)), "
+         "not the block h·d_k .. (h+1)·d_k",
+         lambda: _fold(w["W_o"].view(D, d_k, H).transpose(1, 2), uv["right"]),
+         "W_o reads the heads as combine_heads lays them out, one block of d_k columns after another: "
+         "W_o.weight.view(d_model, H, d_k)."),
+        ("W_uv's heads were split in the wrong order: head h got rows h, h + H, ... (view(d_k, H, d_latent) and a "
+         "transpose)", lambda: _fold(W_o, uv["interleaved"]),
+         "Split the head axis first: W_uv.weight.view(H, d_k, d_latent), head h's rows h·d_k .. (h+1)·d_k."),
+        ("W_uv was transposed before being cut per head (W_uv.weight.T.reshape(H, d_k, d_latent))",
+         lambda: _fold(W_o, uv["transposed first"]),
+         "No transpose: W_uv.weight is (H·d_k, d_latent), v_h = W_uv[h] c, so W_uv.weight.view(H, d_k, d_latent)."),
+        ("each head's block of W_uv was cut as (d_latent, d_k) and then transposed",
+         lambda: _fold(W_o, uv["blocks transposed"]),
+         "W_uv.weight.view(H, d_k, d_latent): v_h = W_uv[h] c."),
+        ("W_uv was multiplied on the wrong side: W_uv[h]ᵀ @ W_o[:, h]ᵀ is the (d_latent, d_model) transpose of "
+         "the block, and reshaping it to (d_model, ...) does not transpose it",
+         lambda: torch.einsum("hkc,mhk->hcm", uv["right"], W_o).reshape(D, H, d_latent),
+         "Multiply in the order the output is computed, W_o[:, h] @ W_uv[h]: (d_model, d_k) @ (d_k, d_latent) is "
+         "head h's (d_model, d_latent) block, and torch.einsum('mhk,hkc->mhc', ...) does every head."),
+        ("every head's block was multiplied with head 0's W_uv", lambda: _fold(W_o, uv["right"][:1].expand(H, -1, -1)),
+         "Use each head's own W_uv[h]: " + W_OV_DEFINITION),
+    ]
+    sources = [next((j for j in range(H) if close(W_ov[:, h], expected[:, j])), None) for h in range(H)]
+    if None not in sources and sorted(sources) == list(range(H)):  # every block right, at the wrong index
+        blocks = ", ".join(f"head {j}'s" for j in sources)
+        raise fail(f"W_ov is wrong {where}: it holds the blocks of the right heads in the wrong order, its heads "
+                   f"0 .. {H - 1} being {blocks}", "Head h's block W_ov[:, h] = W_o[:, h] @ W_uv[h] must stay at "
+                   "index h: keep the head axis where it is through the view and the product (einsum "
+                   "'mhk,hkc->mhc').")
+    raise diagnose(W_ov, mistakes, f"W_ov is wrong {where}", W_OV_DEFINITION, expected=expected, dim=1, axis="head")
+
+
+def check_absorb_up_projections(fn: Callable[[MultiHeadLatentAttention], Any]) -> CheckResult:
+    """Check ``fn(mla) -> (W_uk, W_ov)`` for a ``MultiHeadLatentAttention``: ``W_uk`` per head
+    ``(H, d_k, d_latent)`` and ``W_o`` with ``W_uv`` folded in, ``(d_model, H, d_latent)``, as
+    ``mla.absorbed_weights()`` returns them; in the module's dtype, without changing its weights."""
+
+    def body() -> str:
+        for D, H, d_latent, bias, seed in CASES:
+            mla = MultiHeadLatentAttention(D, H, d_latent, bias=bias).double().eval()
+            layers: dict[str, nn.Linear] = {name: getattr(mla, name) for name in LAYERS}
+            w = {name: wb[0] for name, wb in set_weights(layers, gen(seed)).items()}
+            before = {name: p.detach().clone() for name, p in mla.named_parameters()}
+            d_k = D // H
+            where = (f"for MultiHeadLatentAttention(d_model={D}, num_heads={H}, d_latent={d_latent}"
+                     f"{'' if bias else ', bias=False'}) (d_k={d_k})")
+            result = call(fn, mla, what=f"your function ({where})",
+                          forbidden=[MultiHeadLatentAttention.absorbed_weights])
+            if any(not torch.equal(p.detach(), before[name]) for name, p in mla.named_parameters()):
+                raise fail(f"your function changed the weights of the module it was given ({where})",
+                           "Compute new tensors from the weights (.view, @, torch.einsum); don't write into them "
+                           "(no .copy_(), .mul_() or assignments to .data).")
+            W_uk, W_ov = unpack_pair(result, "your function", "W_uk", "W_ov")
+            with torch.no_grad():
+                expected_uk, expected_ov = (t.detach().clone() for t in mla.absorbed_weights())
+            if _shape(W_uk) == (D, H, d_latent) and _shape(W_ov) == (H, d_k, d_latent):
+                raise fail(f"your function returned (W_ov, W_uk) {where}: shapes {_shape(W_uk)} and {_shape(W_ov)}",
+                           "End with: return W_uk, W_ov (W_uk per head first, then the folded W_o).")
+            _check_w_uk(W_uk, w, H, d_k, d_latent, expected_uk, where)
+            _check_w_ov(W_ov, w, D, H, d_k, d_latent, expected_ov, where)
+        sizes = ", ".join(f"({H}, {D // H}, {d_latent})" for D, H, d_latent, _, _ in CASES)
+        return (f"(W_uk, W_ov) equal absorbed_weights() for {len(CASES)} layers, (H, d_k, d_latent) = {sizes}, "
+                "with and without biases")
+
+    return run_check("absorbed up-projections", body)
