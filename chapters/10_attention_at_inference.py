@@ -375,7 +375,10 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 # StreamingLLM) found that a model then falls apart once the text outgrows the window, and that
 # keeping a few first positions in the cache, outside the window, is enough to keep it working.
 # `sliding_window_mask(L, window, sinks=s)` keeps the first `s` keys visible to every later
-# query; the rolling cache keeps their entries and forgets the middle:
+# query; the rolling cache keeps their entries and forgets the middle. (With RoPE, StreamingLLM
+# numbers the tokens by their place in the cache, not in the text: the sinks keep positions
+# 0 … s−1 and the recent tokens come right after them, so no offset between a query and a key
+# grows beyond the cache's size, which the model met in training.)
 
 # %%
 sinks = 1
