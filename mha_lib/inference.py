@@ -146,20 +146,26 @@ class KVCache:
                                  f"the new queries against every key, got {describe(mask)}")
             check_mask_kind(mask, None)
         keys, values = self._append(keys, values)  # (B, H_kv, T + n, d_k)
-        if mask is None and n == 1:
-            return keys, values, None
-        total = keys.shape[-2]
-        causal = torch.ones(n, total, dtype=torch.bool, device=keys.device).tril(diagonal=total - n)  # (n, T + n)
-        if mask is None:
-            return keys, values, causal
-        causal = causal.to(mask.device)
-        if mask.dtype == torch.bool:
-            return keys, values, mask & causal
-        return keys, values, mask.masked_fill(~causal, float("-inf"))
+        return keys, values, new_queries_mask(mask, n, keys.shape[-2], keys.device)
 
     def __repr__(self) -> str:
         shape = None if self.keys is None else tuple(self.keys.shape)
         return f"KVCache(len={len(self)}, keys={shape}, nbytes={self.nbytes})"
+
+
+def new_queries_mask(mask: Tensor | None, n: int, total: int, device: torch.device) -> Tensor | None:
+    """The mask of ``n`` new queries against ``total = T + n`` keys while decoding: query ``i``
+    (position ``T + i``) sees every cached key and the new ones up to itself, combined with
+    ``mask`` (bool or float, broadcastable to ``(..., n, total)``). None for one token and no mask."""
+    if mask is None and n == 1:
+        return None
+    causal = torch.ones(n, total, dtype=torch.bool, device=device).tril(diagonal=total - n)  # (n, T + n)
+    if mask is None:
+        return causal
+    causal = causal.to(mask.device)
+    if mask.dtype == torch.bool:
+        return mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
 
 
 def kv_cache_bytes(

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .heads import _split_heads, combine_heads
+from .inference import new_queries_mask
 from .positions import apply_rotary
 from .validation import check_flag, check_forward, check_heads, check_positive_int, check_whole, describe, same_tensor
 
@@ -105,16 +106,7 @@ class LatentCache:
         """
         n = latent.size(1) if isinstance(latent, Tensor) and latent.dim() == 3 else 0
         latent, rope_keys = self.update(latent, rope_keys)
-        total = latent.size(1)
-        if mask is None and n == 1:
-            return latent, rope_keys, None
-        causal = torch.ones(n, total, dtype=torch.bool, device=latent.device).tril(diagonal=total - n)  # (n, T + n)
-        if mask is None:
-            return latent, rope_keys, causal
-        causal = causal.to(mask.device)
-        if mask.dtype == torch.bool:
-            return latent, rope_keys, mask & causal
-        return latent, rope_keys, mask.masked_fill(~causal, float("-inf"))
+        return latent, rope_keys, new_queries_mask(mask, n, latent.size(1), latent.device)
 
     def reset(self) -> None:
         """Forget everything, to decode a new sequence (with any layer)."""
