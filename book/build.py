@@ -381,6 +381,22 @@ def build(out: Path, src: Path, quiet: bool = True) -> None:
     code = build_main((["-q"] if quiet else []) + args)
     if code:
         raise SystemExit(f"error: Sphinx failed (exit code {code}); its messages are above")
+    prune_images(out)
+
+
+def prune_images(out: Path) -> list[str]:
+    """Delete the images no page shows any more (Sphinx adds a rebuilt page's new figures to
+    ``_images/`` and never removes the old ones); returns their names."""
+    images = out / "_images"
+    if not images.is_dir():
+        return []
+    shown: set[str] = set()
+    for page in out.rglob("*.html"):
+        shown.update(re.findall(r"_images/([^\"'?#)\s]+)", page.read_text(encoding="utf-8")))
+    stale = sorted(f.name for f in images.iterdir() if f.is_file() and f.name not in shown)
+    for name in stale:
+        (images / name).unlink()
+    return stale
 
 
 PLACEHOLDER_MESSAGE = """

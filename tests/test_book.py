@@ -629,6 +629,18 @@ def test_figures_are_drawn_at_twice_their_pixels_and_shipped_light(tmp_path: Pat
     assert cells[0]["outputs"][0]["data"]["image/png"] == light and len(list(tmp_path.iterdir())) == 1
 
 
+def test_a_rebuild_ships_no_image_that_no_page_shows(tmp_path: Path) -> None:
+    """Sphinx keeps a re-executed figure's old file in _images/; the build removes it, and only it."""
+    (tmp_path / "_images").mkdir()
+    (tmp_path / "chapters").mkdir()
+    for name in ("old.png", "kept.png", "logo.svg"):
+        (tmp_path / "_images" / name).write_bytes(b"x")
+    (tmp_path / "chapters" / "01.html").write_text('<img src="../_images/kept.png" alt="a">', encoding="utf-8")
+    (tmp_path / "index.html").write_text("<img src='_images/logo.svg'>", encoding="utf-8")
+    assert book_build.prune_images(tmp_path) == ["old.png"]
+    assert sorted(p.name for p in (tmp_path / "_images").iterdir()) == ["kept.png", "logo.svg"]
+
+
 def test_every_cited_paper_is_in_the_references_with_a_link() -> None:
     """Every ``"Title" (year)`` a chapter cites, and every arXiv id or DOI it mentions, is in
     book/references.py, which gives each paper a link (arXiv, DOI or URL)."""
