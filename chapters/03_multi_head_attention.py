@@ -540,8 +540,9 @@ for n_heads in (8, 1):
 # $q_i \cdot k_j = x_i W_q^{(h)} (W_k^{(h)})^\top x_j^\top$, so one `(d_model, d_model)` matrix,
 # $W_q^{(h)} (W_k^{(h)})^\top$, decides which pairs of tokens score high. It is a
 # `(d_model, d_k)` matrix times a `(d_k, d_model)` one, so its rank is at most `d_k`: 64 for a
-# head of `book`, against up to 512 for the single head of `one_head`. Eight matrices of rank 64
-# are not one of rank 512. Here are the ranks in the two untrained modules. Head $h$'s
+# head of `book`, against up to 512 for the single head of `one_head`. The eight add up to
+# $W_q W_k^\top$, of rank up to 512, but the module never adds them: each head's scores go
+# through a softmax of their own. Here are the ranks in the two untrained modules. Head $h$'s
 # $W_q^{(h)}$ is the transpose of rows `h·d_k` to `(h+1)·d_k − 1` of `W_q.weight` (section 7).
 # We count in float64: `matrix_rank` counts the singular values above a tolerance set by the
 # precision, and in float32 the smallest of the 512 can fall below it.
@@ -611,26 +612,30 @@ for n_heads in (1, 4, 8, 16, 64):
     assert math.isclose(errors[n_heads], eckart_young, abs_tol=1e-9)
     print(f"{n_heads:5d}  {head_size:3d}  {r:4d}  {errors[n_heads]:.3f}")
 assert errors[1] < 1e-9 and errors[4] < 1e-9 and 0 < errors[8] < errors[16] < errors[64]
+unreachable = float(sigma[64:].square().sum() / sigma.square().sum())  # what a head of 64 cannot reach
+print(f"the {n - 64} smallest of the {n} singular values hold {unreachable:.1%} of the target's squared size")
+assert math.isclose(errors[8], math.sqrt(unreachable)) and round(unreachable, 3) == 0.022
 
 # %% [markdown]
 # One head of 512 or 4 heads of 128 reproduce the target exactly, because 128 ≥ `n` = 100. With
 # 8 heads of 64 the best possible head is still off by 0.147 of the target's size, and every
-# halving of the head size makes it worse. How much a head loses depends on the pattern: this
-# one, made by random weights, spreads its size over all 100 singular values; a pattern whose
-# singular values fall off fast loses little.
+# smaller head does worse. How much a head loses depends on the pattern: this one, made by random
+# weights, keeps 2.2 % of its squared size in the 36 singular values a head of 64 cannot reach
+# (0.147 ≈ √0.022); a pattern whose singular values fall off fast loses little.
 #
-# This is the *low-rank bottleneck* of Bhojanapalli et al. (2020). They state it for the
-# attention weights, after the softmax, where we measured the scores: a head whose size is at
-# least the sequence length `n` can produce any pattern of positive weights over `n` linearly
-# independent tokens, and with a smaller head there are inputs and patterns that no choice of
+# This is the *low-rank bottleneck* of Bhojanapalli et al. (2020). We measured the scores; they
+# state it for the attention weights, after the softmax (which acts entry by entry, so a head's
+# weights usually have full rank: what the head size limits is which patterns it can reach). A
+# head whose size is at least the sequence length `n` can produce any pattern of positive weights
+# over `n` linearly independent tokens, and with a smaller head there are inputs and patterns that no choice of
 # its weights produces. With heads of `d_model / H`, every head is below `n` as soon as `H`
 # exceeds `d_model / n`. Their fix is to set the head size to the sequence length, independently
 # of the number of heads; `H · d_k` then no longer equals `d_model`, and the layer's parameters
 # grow with the number of heads.
 #
-# Models keep the split anyway: heads of 64 (this configuration) or 128 (chapter 10's 7B-class
-# model), on sequences of thousands of tokens. What it limits is each head's pattern, not the
-# layer's width: between them the heads use all 512 features of the projections, and `W_o`
+# Models keep heads far shorter than the sequence anyway: heads of 64 (this configuration) or
+# 128 (chapter 10's 7B-class model), on sequences of thousands of tokens. What the split limits
+# is each head's pattern, not the layer's width: between them the heads use all 512 features of the projections, and `W_o`
 # mixes their outputs back into all 512 (section 7). For the same parameters and
 # multiply-adds, `H` heads give `H` score patterns of rank at most `d_model / H` instead of one
 # of rank at most `d_model`. Vaswani et al. found one head worse than 8, and too many heads worse

@@ -434,7 +434,8 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 #
 # - **ALiBi** (BLOOM, MPT): `bias[h, i, j] = -m_h · |i - j|`, a penalty that grows with the
 #   distance, with a fixed slope per head from the geometric sequence `2^(-8/H), 2^(-16/H), …`:
-#   some heads look far, others near. Nothing is learned.
+#   some heads look far, others near. Nothing is learned. The paper defines it for decoders
+#   (keys `j ≤ i`); `|i - j|` extends it to keys after the query, for encoders.
 # - **T5**: offsets are sorted into 32 buckets, one per small offset and logarithmically wider
 #   ones further away, and each head *learns* one number per bucket.
 #

@@ -373,12 +373,14 @@ print(f"a rolling cache of at most {largest} positions == the windowed forward (
 # **Attention sinks.** Trained models park much of their attention on the first tokens of a
 # text, whatever they say, and a pure rolling window drops exactly those: Xiao et al. (2024,
 # StreamingLLM) found that a model then falls apart once the text outgrows the window, and that
-# keeping a few first positions in the cache, outside the window, is enough to keep it working.
+# keeping the first few positions in the cache, outside the window (four in their experiments;
+# this cell keeps one), is enough to keep it working.
 # `sliding_window_mask(L, window, sinks=s)` keeps the first `s` keys visible to every later
 # query; the rolling cache keeps their entries and forgets the middle. (With RoPE, StreamingLLM
-# numbers the tokens by their place in the cache, not in the text: the sinks keep positions
-# 0 … s−1 and the recent tokens come right after them, so no offset between a query and a key
-# grows beyond the cache's size, which the model met in training.)
+# caches the keys before rotating them and rotates them at every step by their place in the
+# cache, the sinks at 0 … s−1 and the recent tokens right after, so no offset grows beyond the
+# cache's size. `KVCache` holds keys already rotated by their place in the text, so trimming it
+# works only without RoPE, as here.)
 
 # %%
 sinks = 1
@@ -463,7 +465,9 @@ assert kv_cache_bytes(32, 32, 128, 4096, batch=32) > 4 * weights_bytes and mha_3
 # same `d_c` numbers (`W_uk · W_dkv` has rank at most `d_c`), so MLA is an architecture to train,
 # not a way to shrink a trained multi-head model's cache for free. `mha_lib.MultiHeadLatentAttention(d_model,
 # num_heads, d_latent)` has the five projections, and `LatentCache` is its cache, used like
-# `KVCache`. On section 1's layer (64 wide, 8 heads of 8) with a latent of 16 features:
+# `KVCache`. (The paper's `d_h`, `d_c` and `d_h^R` are our `d_k`, `d_latent` and `d_rope`.
+# DeepSeek-V2 also compresses the queries through a latent of their own, which saves activations
+# in training, not cache, and normalises the latent; we keep a full `W_q` and no norm.) On section 1's layer (64 wide, 8 heads of 8) with a latent of 16 features:
 
 # %%
 mla = MultiHeadLatentAttention(d_model, H, d_latent=16).to(device).eval()
@@ -492,9 +496,8 @@ assert kv_cache.nbytes == 8 * latent_cache.nbytes  # 2 · 8 · 8 = 128 numbers a
 # before `W_o`, is `Σ_j w_j W_uv[h] c_j = W_uv[h] (Σ_j w_j c_j)`: blend the latents with the
 # weights, and fold `W_uv[h]` into the block of `W_o` that reads head `h`. Keys and values are
 # never built; every head attends over the same cached latents, like multi-query attention whose
-# one key and one value are the latent itself. The scores keep their `1/√d_k` (each is the same
-# number, computed in another order), so an attention function that divides by the square root of
-# its own key width, `d_c`, gets queries multiplied by `√(d_c / d_k)`. `forward(..., absorb=True)`
+# one key and one value are the latent itself. The scores must still be divided by `√d_k`; an
+# attention function that divides by `√d_c` needs the queries scaled by `√(d_c / d_k)`. `forward(..., absorb=True)`
 # does all that, and `absorbed_weights()` gives the two folded matrices. In float64, to show that
 # the two orders differ by rounding only:
 
@@ -520,8 +523,8 @@ print("decoding absorbed, with the LatentCache == one causal forward (within 1e-
 # the query by its position `i`, and the score becomes
 # `(R_i q)ᵀ R_j W_uk[h] c_j = qᵀ R_{j-i} W_uk[h] c_j` (chapter 06: rotations compose into the
 # rotation by the offset). The matrix between query and latent now depends on `j - i`, so no single
-# matrix can be folded into the query: every cached key would have to be rebuilt and rotated at
-# every step. In numbers, for one head: fold `W_uk[h]` into a rotated query and score the latents,
+# matrix can be folded into the query: every cached key would have to be rebuilt at every step,
+# or kept rotated in the cache, which brings back the key cache MLA set out to avoid. In numbers, for one head: fold `W_uk[h]` into a rotated query and score the latents,
 # against the scores of the rotated keys:
 
 # %%
@@ -596,8 +599,8 @@ assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1
 # heads: it is `4.5 d_h` numbers per token and layer, as much as GQA with 2.25 groups (the paper's
 # own comparison), so with DeepSeek-V2's 128 heads it is 57 times smaller than multi-head
 # attention's, 8.4 GiB instead of 480 GiB for a 128K-token sequence. And each head still has keys
-# and values of its own: in DeepSeek-AI's comparisons (the paper's appendix D) MLA scored better
-# than multi-head attention, and GQA and MQA worse. With absorption, a decoding step reads the
+# and values of its own: in the paper's appendix D, multi-head attention beats GQA and MQA (7B
+# dense models), and MLA beats multi-head attention (mixture-of-experts models). With absorption, a decoding step reads the
 # latent cache once for all heads (section 6's bytes per step), and does more arithmetic per
 # cached token, dot products over `d_c + d_h^R` features per head instead of `d_h + d_h^R`: on a
 # GPU that waits for memory while decoding, a good trade.
