@@ -111,7 +111,8 @@ check_rotary_attention(rotary_attention)
 # $$\text{bias}[h, i, j] = -m_h \cdot |i - j|$$
 #
 # for query `i` and key `j`: 0 on the diagonal, and more negative the farther the key, before or
-# after the query (a decoder adds its causal mask separately). Each head `h` has a fixed slope `m_h`:
+# after the query (the paper defines it for decoders, keys `j ≤ i`, and a decoder adds its causal
+# mask separately; `|i - j|` extends it to keys after the query, for encoders). Each head `h` has a fixed slope `m_h`:
 #
 # - when `num_heads` is a power of two, a geometric sequence that starts at $2^{-8/H}$ with that same
 #   ratio: $m_h = 2^{-8(h+1)/H}$ for `h = 0 .. H-1` (8 heads: 1/2, 1/4, …, 1/256; 4 heads: 1/4,

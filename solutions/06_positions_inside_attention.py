@@ -146,7 +146,8 @@ check_rotary_attention(rotary_attention)
 # $$\text{bias}[h, i, j] = -m_h \cdot |i - j|$$
 #
 # for query `i` and key `j`: 0 on the diagonal, and more negative the farther the key, before or
-# after the query (a decoder adds its causal mask separately). Each head `h` has a fixed slope `m_h`:
+# after the query (the paper defines it for decoders, keys `j ≤ i`, and a decoder adds its causal
+# mask separately; `|i - j|` extends it to keys after the query, for encoders). Each head `h` has a fixed slope `m_h`:
 #
 # - when `num_heads` is a power of two, a geometric sequence that starts at $2^{-8/H}$ with that same
 #   ratio: $m_h = 2^{-8(h+1)/H}$ for `h = 0 .. H-1` (8 heads: 1/2, 1/4, …, 1/256; 4 heads: 1/4,
@@ -209,8 +210,8 @@ for H in (4, 6, 8):
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
 # **Discussion.** Six heads reuse the four heads' slopes and add two of the eight heads' that lie
-# between them (1/2 and 1/8), so the slopes still range from steep to flat; the paper found the
-# geometric sequence works best for powers of two and builds other counts this way. The order is
+# between them (1/2 and 1/8), so the slopes still range from steep to flat. The paper trains only
+# power-of-two head counts; its released code (and BLOOM) builds other counts this way. The order is
 # part of the convention: a head trained with one slope is wrong with another. Libraries write the
 # bias in other forms: Hugging Face's BLOOM adds `+m_h · j` (the key's position) instead of
 # `-m_h · (i - j)`; the two differ by `m_h · i`, the same number along each query's row, which the

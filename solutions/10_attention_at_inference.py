@@ -193,7 +193,7 @@ print("chunks of 4, 1, 1, 1 == the full causal forward:", torch.allclose(torch.c
 # - `W_uk (H, d_k, d_latent)`: each head's key up-projection, `k_h = W_uk[h] c`, to fold into
 #   that head's query (`q_h @ W_uk[h]` is the query in latent space);
 # - `W_ov (d_model, H, d_latent)`: `W_o` with `W_uv` folded in, `W_ov[:, h] = W_o[:, h] @ W_uv[h]`,
-#   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o` that reads head `h`.
+#   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o.weight` that reads head `h`.
 #
 # These are what `mla.absorbed_weights()` returns; don't call it. `W_uk`, `W_uv` and `W_o` are
 # `nn.Linear` layers.

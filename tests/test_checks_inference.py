@@ -179,17 +179,18 @@ def paper_slopes(H):
 
 
 def alibi(H, L, device=None, *, slopes=paper_slopes, distance="abs", sign=-1.0, dtype=None, layout="HLL",
-          use_device=True):
-    """A learner-style ALiBi bias with switches for the classic mistakes."""
+          use_device=True, causal=False, fill=float("-inf")):
+    """A learner-style ALiBi bias with switches for the classic mistakes; ``distance="key"`` is BLOOM's
+    ``m·j`` (the key's position only), ``causal`` fills the entries above the diagonal with ``fill``."""
     on = device if use_device else None
     m = torch.tensor(slopes(H), device=on)  # (H,) float32
     pos = torch.arange(L, device=on)
     offset = {"abs": (pos[:, None] - pos[None, :]).abs(), "i - j": pos[:, None] - pos[None, :],
               "j - i": pos[None, :] - pos[:, None], "past": (pos[:, None] - pos[None, :]).clamp(min=0),
-              "causal": (pos[:, None] - pos[None, :]).abs()}[distance]
+              "causal": (pos[:, None] - pos[None, :]).abs(), "key": pos[None, :].expand(L, L)}[distance]
     bias = sign * m[:, None, None] * offset  # (H, L, L)
-    if distance == "causal":
-        bias = bias.masked_fill(torch.ones(L, L, dtype=torch.bool, device=on).triu(1), float("-inf"))
+    if distance == "causal" or causal:
+        bias = bias.masked_fill(torch.ones(L, L, dtype=torch.bool, device=on).triu(1), fill)
     bias = bias if dtype is None else bias.to(dtype)
     return {"HLL": bias, "LLH": bias.permute(1, 2, 0), "LL": bias[0], "1HLL": bias[None], "H": m}[layout]
 
@@ -248,6 +249,22 @@ def _first_of_next_power_of_two(H):
     return [2 ** (-8 * (h + 1) / n) for h in range(H)]
 
 
+def _extra_taken_odd(H):
+    """The extra slopes taken with [1::2]: they repeat the n heads' own slopes."""
+    n = 2 ** (H.bit_length() - 1)
+    return paper_slopes(n) + [2 ** (-8 * (h + 1) / (2 * n)) for h in range(2 * n)][1::2][: H - n]
+
+
+def _right_to_left(H):
+    """``2 ** (-8/H) ** (h+1)``, which Python reads as ``2 ** ((-8/H) ** (h+1))``."""
+    return [2 ** (-8 / H) ** (h + 1) for h in range(H)]  # the precedence mistake itself
+
+
+def alibi_bloom_row(num_heads, seq_len, device=None):
+    """BLOOM's +m·j as its code writes it, one row per head broadcast over the queries: (H, 1, L)."""
+    return torch.tensor(paper_slopes(num_heads), device=device)[:, None, None] * torch.arange(seq_len, device=device)
+
+
 @pytest.mark.parametrize(("wrong", "words"), [
     (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [2.0 ** -(h + 1) for h in range(H)]),
      ("1/2, 1/4, 1/8", "8 heads only", "2^(-8/h)")),
@@ -265,6 +282,10 @@ def _first_of_next_power_of_two(H):
     (lambda H, L, device=None: alibi(H, L, device, slopes=_extra_not_every_other),
      ("not every other one", "[0::2]")),
     (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [0.5] * H), ("every head has the same slope",)),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=_extra_taken_odd),
+     ("num_heads=6", "repeat ones the first n heads already have", "([0::2]), not [1::2]")),
+    (lambda H, L, device=None: alibi(H, L, device, slopes=_right_to_left),
+     ("** binds right to left", "2 ** ((-8/H) ** (h+1))", "(2 ** (-8/H)) ** (h+1)", "2 ** (-8*(h+1)/H)")),
     (lambda H, L, device=None: alibi(H, L, device, slopes=lambda H: [1 / (h + 2) for h in range(H)]),
      ("the right pattern", "0.5, 0.3333, 0.25, 0.2")),
     (lambda H, L, device=None: alibi(H, L, device, sign=1.0), ("sign is flipped", "farther the key, the larger")),
@@ -272,6 +293,19 @@ def _first_of_next_power_of_two(H):
     (lambda H, L, device=None: alibi(H, L, device, distance="j - i"), ("-m·(j - i)", "|i - j|")),
     (lambda H, L, device=None: alibi(H, L, device, distance="past"), ("only the keys before the query",)),
     (lambda H, L, device=None: alibi(H, L, device, distance="causal"), ("causal mask built in", "bias alone")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="key", sign=1.0),
+     ("+m·j, BLOOM's form", "-m·(i - j) up to a constant per row", "softmax ignores", "-m_h · |i - j|")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="key"), ("-m·j", "+m·(i - j)", "flipped")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="key", sign=1.0, slopes=lambda H: [0.5] * H),
+     ("every query's row is the same", "depends on the key j only")),
+    (alibi_bloom_row, ("has shape (4, 1, 6)", "one row per head", "+m·j, BLOOM's form")),
+    (lambda H, L, device=None: alibi(H, L, device, distance="key", sign=1.0, causal=True),
+     ("causal mask built in (-inf above the diagonal)", "below the diagonal like +m·j, BLOOM's form",
+      "bias alone")),
+    (lambda H, L, device=None: alibi(H, L, device, sign=1.0, causal=True, fill=-1e9),
+     ("causal mask built in (a fill of -1e+09 above the diagonal)", "below the diagonal like the sign is flipped")),
+    (lambda H, L, device=None: alibi(H, L, device, causal=True, slopes=lambda H: [1 / (h + 2) for h in range(H)]),
+     ("causal mask built in", "below the diagonal it is wrong too", "every head differs")),
     (lambda H, L, device=None: alibi(H, L, device) + torch.randn(H, L, L) * 0.1 if device is None else None,
      ("does not depend on i - j only",)),
     (lambda H, L, device=None: alibi(H, L, device, layout="LL"),

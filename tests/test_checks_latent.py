@@ -56,6 +56,18 @@ def absorb(mla, *, uk="view", uv="view", w_o="view", fold="einsum", swap_uk_uv=F
     return W_uk, torch.einsum("mhk,hkc->mhc", W_o, W_uv)
 
 
+def fold_into_queries(mla):
+    """W_q·W_uk per head, (H, d_model, d_latent): the fold done in advance, where the exercise wants W_uk."""
+    H, d_k, d_latent, Wuk, _, _ = parts(mla)
+    return torch.einsum("hkm,hkc->hmc", mla.W_q.weight.view(H, d_k, -1), Wuk.view(H, d_k, d_latent))
+
+
+def fold_by_reshape(mla):
+    """The right (H, d_model, d_latent) blocks, laid out by reshape instead of permute."""
+    H, d_k, d_latent, _, Wuv, Wo = parts(mla)
+    return (Wo.T.reshape(H, d_k, -1).transpose(1, 2) @ Wuv.view(H, d_k, d_latent)).reshape(-1, H, d_latent)
+
+
 def absorb_by_loops(mla):
     """Right, written otherwise: slices and matrix products head by head, stacked, under no_grad."""
     H, d_k, d_latent, Wuk, Wuv, Wo = parts(mla)
@@ -120,6 +132,16 @@ def test_right_answers_pass(fn):
     (lambda m: absorb(m, scale=m.d_k ** -0.5), ("scale 1/√d_k was folded into W_uk",)),
     (lambda m: absorb(m, swap_uk_uv=True), ("W_uv (the values' up-projection) was used instead of W_uk",
                                              "W_uk folds into the queries")),
+    (lambda m: (m.W_dkv.weight, absorb(m)[1]), ("W_uk", "is W_dkv.weight:", "the down-projection that makes "
+                                                 "the latent", "keys' up-projection, mla.W_uk.weight")),
+    (lambda m: (m.W_dkv.weight.T, absorb(m)[1]), ("is W_dkv.weight.T:", "the down-projection")),
+    (lambda m: (m.W_dkv.weight.T.reshape(m.num_heads, m.d_k, m.d_latent), absorb(m)[1]),
+     ("is W_dkv.weight.T reshaped", "the down-projection")),
+    (lambda m: (fold_into_queries(m), absorb(m)[1]),
+     ("W_uk has shape (3, 12, 7)", "W_q·W_uk, the fold done in advance", '"W^UK absorbed into W^Q"',
+      "W_uk itself, per head", "q_h @ W_uk[h]")),
+    (lambda m: (fold_into_queries(m) * m.d_k ** -0.5, absorb(m)[1]),
+     ("W_q·W_uk", "with the scale 1/√d_k folded in too")),
     # W_ov
     (lambda m: absorb(m, fold="unabsorbed"), ("W_ov has shape (12, 3, 4)", "W_uv not folded in")),
     (lambda m: (absorb(m)[0], m.W_o.weight), ("W_ov has shape (12, 12)", "W_uv not folded in")),
@@ -139,6 +161,12 @@ def test_right_answers_pass(fn):
     (lambda m: absorb(m, uv="transposed first"), ("W_uv was transposed before being cut per head",)),
     (lambda m: absorb(m, uv="blocks transposed"), ("each head's block of W_uv was cut as (d_latent, d_k)",)),
     (lambda m: absorb(m, fold="wrong side"), ("W_uv was multiplied on the wrong side", "W_o[:, h] @ W_uv[h]")),
+    (lambda m: (absorb(m)[0], fold_by_reshape(m)),
+     ("W_ov is wrong", "laid out by reshape instead of permute/transpose", "(H, d_model, d_latent) result",
+      ".permute(1, 0, 2)", "not reshape")),
+    (lambda m: (absorb(m)[0], absorb(m)[1] * (m.d_latent / m.d_k) ** 0.5),
+     ("W_ov is wrong", "scale √(d_latent / d_k) was folded into W_ov", "belongs to the attention step")),
+    (lambda m: (absorb(m)[0], absorb(m)[1] * m.d_k ** -0.5), ("scale 1/√d_k was folded into W_ov",)),
     (lambda m: (absorb(m)[0], torch.einsum("mhk,kc->mhc", m.W_o.weight.view(-1, m.num_heads, m.d_k),
                                            m.W_uv.weight[:m.d_k])),
      ("every head's block was multiplied with head 0's W_uv",)),

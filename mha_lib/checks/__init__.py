@@ -17,8 +17,8 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``reference`` (the one reference implementation), then one
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
-``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and ``alibi`` (06),
-``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
+``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and
+``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
 exercise), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
 """
 

@@ -21,104 +21,20 @@ from ._core import (
     expect_tensor,
     fail,
     run_check,
+    where_differs,
 )
+from ._alibi_mistakes import SLOPES_RECIPE, alibi, alibi_mistakes, alibi_slopes_variant
+
+__all__ = ["alibi", "alibi_slopes_variant", "check_alibi_bias"]
 
 ALIBI_DEFINITION = ("bias[h, i, j] = -m_h · |i - j|, float32 (num_heads, seq_len, seq_len): 0 on the diagonal, more "
                     "negative the farther the key, before or after the query.")
-SLOPES_RECIPE = ("For H a power of two the slopes are m_h = 2^(-8(h+1)/H), h = 0 .. H-1 (4 heads: 1/4, 1/16, 1/64, "
-                 "1/256). Otherwise: the n slopes of n heads, n the largest power of two below H, then every other "
-                 "slope of 2n heads (its 1st, 3rd, 5th, ...) until there are H (6 heads: 1/4, 1/16, 1/64, 1/256, "
-                 "then 1/2, 1/8).")
+CAUSAL_HINT = ("Return the bias alone, -m_h · |i - j| everywhere: it is not only for decoders. Chapter 06 adds the "
+               "causal mask afterwards: bias.masked_fill(~causal, float('-inf')).")
 DEVICE_HINT = ("Create every tensor on device: torch.arange(seq_len, device=device), torch.tensor(slopes, "
                "device=device); or build it on the CPU and end with .to(device). A model on the GPU needs its bias "
                "there, and a CPU tensor combined with one on another device raises.")
 _META = torch.device("meta")  # shapes without numbers: how the check asks for "another device" on any machine
-
-
-def _geometric(n: int, *, first: int = 1, eight: float = 8.0) -> list[float]:
-    """``n`` slopes ``2^(-eight·h/n)`` for ``h = first .. first + n - 1``: ALiBi's sequence for a power of two."""
-    return [2.0 ** (-eight * h / n) for h in range(first, first + n)]
-
-
-def alibi_slopes_variant(H: int, mistake: str = "") -> list[float]:
-    """ALiBi's slopes (the paper's code, as :func:`mha_lib.alibi_slopes`), or those a mistake gives."""
-    n = 2 ** (H.bit_length() - 1)  # the largest power of two <= H
-    first = 0 if mistake == "from 0" else 1
-    own, extra = _geometric(n, first=first), _geometric(2 * n, first=first)[0::2][: H - n]
-    return {
-        "": own + extra,
-        "from 0": own + extra,
-        "halves": [2.0 ** -(h + 1) for h in range(H)],
-        "from 0, geometric": _geometric(H, first=0),
-        "no 8": _geometric(H, eight=1.0),
-        "geometric": _geometric(H),
-        "first of 2n": _geometric(2 * n)[:H],
-        "extra not every other": own + _geometric(2 * n)[: H - n],
-    }[mistake]
-
-
-def alibi(H: int, L: int, *, slopes: str = "", distance: str = "abs", sign: float = -1.0) -> Tensor:
-    """``sign · m_h · distance(i, j)``, float64 ``(H, L, L)``; the defaults are ALiBi's bias.
-
-    ``distance``: ``"abs"`` ``|i - j|``; ``"i - j"``, ``"j - i"`` (signed); ``"past"`` ``max(i - j, 0)``;
-    ``"future"`` ``max(j - i, 0)``; ``"causal"`` ``|i - j|`` with ``-inf`` where ``j > i``."""
-    m = torch.tensor(alibi_slopes_variant(H, slopes), dtype=torch.float64)[:, None, None]  # (H, 1, 1)
-    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
-    offset = {"abs": (i - j).abs(), "i - j": i - j, "j - i": j - i, "past": (i - j).clamp(min=0),
-              "future": (j - i).clamp(min=0), "causal": (i - j).abs()}[distance].to(torch.float64)  # (L, L)
-    bias = sign * m * offset  # (H, L, L)
-    if distance == "causal":
-        bias = bias.masked_fill(j > i, float("-inf"))
-    return bias
-
-
-def _alibi_mistakes(H: int, L: int) -> list[tuple[str, Callable[[], Any], str]]:
-    power_of_two = (H & (H - 1)) == 0
-    mistakes = [
-        ("the sign is flipped (+m·|i - j|): the farther the key, the larger its score", lambda: alibi(H, L, sign=1.0),
-         "ALiBi is a penalty: bias = -m_h · |i - j|, 0 on the diagonal and more negative the farther the key."),
-        ("the bias is -m·(i - j): the keys after the query (j > i) get a bonus instead of a penalty",
-         lambda: alibi(H, L, distance="i - j"),
-         "Use the distance |i - j|: ALiBi's bias is symmetric. In a decoder, the causal mask blocks the later keys "
-         "separately (chapter 06, section 7)."),
-        ("the bias is -m·(j - i): the keys before the query get a bonus instead of a penalty",
-         lambda: [alibi(H, L, distance="j - i"), alibi(H, L, distance="i - j", sign=1.0)],
-         "Use the distance |i - j|: every key, before or after the query, is penalised by its distance."),
-        ("only the keys before the query are penalised (-m·max(i - j, 0)): those after it get 0",
-         lambda: alibi(H, L, distance="past"),
-         "alibi_bias is the bias alone, and symmetric: -m_h · |i - j|. A decoder adds its causal mask separately."),
-        ("only the keys after the query are penalised (-m·max(j - i, 0))", lambda: alibi(H, L, distance="future"),
-         "Use the distance |i - j|: rows are queries i, columns keys j, and every key is penalised by its distance."),
-        ("the bias has a causal mask built in (-inf above the diagonal)",
-         lambda: [alibi(H, L, distance="causal"),
-                  alibi(H, L).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -1e9)],
-         "Return the bias alone, -m_h · |i - j| everywhere: it is not only for decoders. Chapter 06 adds the causal "
-         "mask afterwards: bias.masked_fill(~causal, float('-inf'))."),
-    ]
-    if not power_of_two:  # first: a learner who gets here was right for the powers of two
-        mistakes += [
-            (f"the slopes follow 2^(-8(h+1)/H), the formula for a power of two, but {H} is not one",
-             lambda: alibi(H, L, slopes="geometric"),
-             "The paper's code (and BLOOM's) builds other numbers of heads from powers of two. " + SLOPES_RECIPE),
-            (f"the slopes are the first {H} of {2 * 2 ** (H.bit_length() - 1)} heads' slopes",
-             lambda: alibi(H, L, slopes="first of 2n"),
-             "Keep all n slopes of n heads first, then add every other slope of 2n heads. " + SLOPES_RECIPE),
-            ("the extra slopes are the first ones of 2n heads, not every other one (1st, 3rd, 5th, ...)",
-             lambda: alibi(H, L, slopes="extra not every other"),
-             "The 2nd, 4th, 6th, ... slopes of 2n heads are the n heads' own slopes; the 1st, 3rd, 5th, ... "
-             "([0::2]) lie between them: add those, in order. " + SLOPES_RECIPE),
-        ]
-    mistakes += [
-        ("the slopes are 1/2, 1/4, 1/8, ... (2^-(h+1)) whatever the number of heads: that is the sequence for "
-         "8 heads only", lambda: alibi(H, L, slopes="halves"),
-         "The slopes start at 2^(-8/H), and each is the one before times 2^(-8/H). " + SLOPES_RECIPE),
-        ("the heads are counted from 0: the first head's slope is 2^0 = 1 instead of 2^(-8/H)",
-         lambda: [alibi(H, L, slopes="from 0"), alibi(H, L, slopes="from 0, geometric")],
-         "Head h (from 0) has slope 2^(-8(h+1)/H): the first one is 2^(-8/H), not 1. " + SLOPES_RECIPE),
-        ("the 8 is missing from the slopes' exponent: 2^(-(h+1)/H)", lambda: alibi(H, L, slopes="no 8"),
-         SLOPES_RECIPE),
-    ]
-    return mistakes
 
 
 def _slopes_read_off(bias: Tensor) -> list[float]:
@@ -146,6 +62,12 @@ def _alibi_shape_mistake(out: Any, H: int, L: int, where: str) -> None:
         (H,): ("it is one number per head: the slopes, without the distances",
                "Multiply the slopes by the distances: slopes[:, None, None] * distance, with "
                "distance[i, j] = |i - j|."),
+        (H, 1, L): ("one row per head, the same for every query" + (
+                    ": it is +m·j, BLOOM's form (slopes[:, None, None] * positions)" if tuple(out.shape) == (H, 1, L)
+                    and close(out, alibi(H, L, distance="key", sign=1.0)[:, :1]) else ""),
+                    "BLOOM adds +m·j, one row broadcast over the queries: -m·(i - j) up to a constant per row. The "
+                    "exercise asks for the full bias -m_h · |i - j|, which depends on the query too: "
+                    "slopes[:, None, None] * distance, distance = (pos[:, None] - pos[None, :]).abs()."),
         (1, H, L, L): ("it has an extra leading axis",
                        "Return (num_heads, seq_len, seq_len); broadcasting adds the batch axis when the bias meets "
                        "the scores (B, H, L, L)."),
@@ -171,16 +93,52 @@ def _alibi_dtype(out: Tensor, where: str) -> None:
                "another dtype (or end with .float()).")
 
 
+def _matches(out: Tensor, compute: Callable[[], Any], keep: Callable[[Tensor], Tensor] = lambda t: t) -> bool:
+    candidates = compute()
+    return any(close(keep(out), keep(c)) for c in (candidates if isinstance(candidates, list) else [candidates]))
+
+
+def _causal_verdict(out: Tensor, H: int, L: int, message: str) -> Verdict | None:
+    """A causal mask built in (-inf, or a very negative fill, above the diagonal only), named first; then what
+    the bias is on and below the diagonal, when that is wrong too."""
+    above = torch.ones(L, L, dtype=torch.bool).triu(1)
+    if L < 2 or not bool((out[:, above] <= -1e4).all()) or bool((out[:, above.T] <= -1e4).all()):
+        return None
+    filled = out[:, above]
+    fill = ("-inf" if bool(torch.isinf(filled).all()) else f"a fill of {filled.max().item():.3g}"
+            if bool((filled == filled.max()).all()) else "very negative numbers")
+    name = f"{message}: it looks like the bias has a causal mask built in ({fill} above the diagonal)"
+
+    def lower(t: Tensor) -> Tensor:
+        return t.masked_fill(above, 0.0)
+
+    expected = _positions.alibi_bias(H, L)
+    if close(lower(out), lower(expected)):
+        return fail(name, CAUSAL_HINT)
+    for what, compute, hint in alibi_mistakes(H, L):
+        if _matches(out, compute, lower):
+            return fail(f"{name}, and on and below the diagonal like {what}", f"{CAUSAL_HINT} {hint}")
+    differs = where_differs(lower(out), lower(expected), dim=0, axis="head")
+    return fail(f"{name}, and on and below the diagonal it is wrong too: {differs}",
+                f"{CAUSAL_HINT} {ALIBI_DEFINITION}")
+
+
 def _alibi_verdict(out: Tensor, H: int, L: int, where: str) -> Verdict:
     """Why ``out`` (float32 ``(H, L, L)``, on the CPU) is not ALiBi's bias, as precisely as can be told."""
     expected = _positions.alibi_bias(H, L)
     message = f"the bias is wrong {where}"
-    for name, compute, hint in _alibi_mistakes(H, L):
-        candidates = compute()
-        if any(close(out, c) for c in (candidates if isinstance(candidates, list) else [candidates])):
+    causal = _causal_verdict(out, H, L, message)
+    if causal is not None:
+        return causal
+    for name, compute, hint in alibi_mistakes(H, L):
+        if _matches(out, compute):
             return fail(f"{message}: it looks like {name}", hint)
     if L > 1 and bool(torch.isfinite(out).all()):
         if not close(out[:, 1:, 1:], out[:, :-1, :-1]):
+            if close(out, out[:, :1].expand_as(out)):
+                return fail(f"{message}: every query's row is the same, so it depends on the key j only, not on "
+                            "the distance i - j (like BLOOM's m·j, which equals -m·(i - j) up to a constant per row)",
+                            "The exercise asks for the bias itself, -m_h · |i - j|: " + ALIBI_DEFINITION)
             return fail(f"{message}: it does not depend on i - j only (it is not constant along the diagonals)",
                         ALIBI_DEFINITION)
         distance = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs().to(torch.float64)

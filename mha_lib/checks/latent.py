@@ -60,11 +60,43 @@ def _fold(W_o: Tensor, W_uv: Tensor) -> Tensor:
     return torch.einsum("mhk,hkc->mhc", W_o, W_uv)
 
 
+def _scales(d_k: int, d_latent: int) -> dict[str, float]:
+    """The scores' scales a learner may fold into a matrix, by name."""
+    return {"√(d_latent / d_k)": sqrt(d_latent) / sqrt(d_k), "√(d_k / d_latent)": sqrt(d_k) / sqrt(d_latent),
+            "1/√d_k": 1 / sqrt(d_k), "√d_k": sqrt(d_k), "1/√d_latent": 1 / sqrt(d_latent)}
+
+
+def _other_matrix(W_uk: Tensor, w: dict[str, Tensor], H: int, d_k: int, d_latent: int, where: str) -> None:
+    """Fail if ``W_uk`` holds another matrix's numbers: ``W_dkv`` (in any layout), or ``W_q`` with ``W_uk``
+    folded in, ``(H, d_model, d_latent)`` (the fold the paper does in advance)."""
+    got, shape, flat = tuple(W_uk.shape), (H, d_k, d_latent), W_uk.detach().reshape(-1)
+    for name, dkv in (("W_dkv.weight", w["W_dkv"]), ("W_dkv.weight.T", w["W_dkv"].T)):
+        if flat.numel() == dkv.numel() and close(flat, dkv.reshape(-1)):
+            used = name if got == tuple(dkv.shape) else f"{name} reshaped"
+            raise fail(f"W_uk {where} is {used}: that is W_dkv, the down-projection that makes the latent "
+                       "(c = W_dkv x)", "W_uk is the keys' up-projection, mla.W_uk.weight, from the latent back to "
+                       "the keys (k = W_uk c): " + W_UK_DEFINITION)
+    D = H * d_k
+    permuted = _as(W_uk.detach(), (H, D, d_latent))
+    if permuted is None:
+        return
+    q_uk = torch.einsum("hkm,hkc->hmc", w["W_q"].view(H, d_k, D), w["W_uk"].view(H, d_k, d_latent))
+    for name, s in {"": 1.0, **_scales(d_k, d_latent)}.items():
+        if close(permuted, q_uk * s):
+            scaled = f", with the scale {name} folded in too" if name else ""
+            raise fail(f"W_uk has shape {got} {where}, expected {shape} (H, d_k, d_latent): it is W_q·W_uk, the fold "
+                       f"done in advance{scaled} (valid in itself, as the paper phrases it, \"W^UK absorbed into "
+                       "W^Q\")", "But this exercise asks for W_uk itself, per head: W_uk.weight.view(H, d_k, "
+                       "d_latent); the fold into the query happens at inference (q_h @ W_uk[h]).")
+
+
 def _check_w_uk(W_uk: Any, w: dict[str, Tensor], H: int, d_k: int, d_latent: int, expected: Tensor,
                 where: str) -> None:
     shape = (H, d_k, d_latent)
     uk, uv = _per_head(w["W_uk"], H, d_k, d_latent), _per_head(w["W_uv"], H, d_k, d_latent)
     got = _shape(W_uk)
+    if isinstance(W_uk, Tensor) and W_uk.is_floating_point():
+        _other_matrix(W_uk, w, H, d_k, d_latent, where)
     if got == (H, d_latent, d_k):
         raise fail(f"W_uk has shape {got} {where}, expected {shape} (H, d_k, d_latent): each head's block is "
                    "transposed", "k_h = W_uk[h] c, so W_uk[h] is (d_k, d_latent): " + W_UK_DEFINITION)
@@ -74,8 +106,6 @@ def _check_w_uk(W_uk: Any, w: dict[str, Tensor], H: int, d_k: int, d_latent: int
     W_uk = expect_tensor(W_uk, f"W_uk {where}", shape, dtype=torch.float64, explain=" (H, d_k, d_latent)")
     if close(W_uk, expected):
         return
-    scales = {"√(d_latent / d_k)": sqrt(d_latent) / sqrt(d_k), "√(d_k / d_latent)": sqrt(d_k) / sqrt(d_latent),
-              "1/√d_k": 1 / sqrt(d_k), "√d_k": sqrt(d_k), "1/√d_latent": 1 / sqrt(d_latent)}
     mistakes: list[Mistake] = [
         ("the weight was transposed before being cut per head (W_uk.weight.T.reshape(H, d_k, d_latent))",
          lambda: uk["transposed first"], "No transpose is needed. " + W_UK_DEFINITION),
@@ -89,7 +119,7 @@ def _check_w_uk(W_uk: Any, w: dict[str, Tensor], H: int, d_k: int, d_latent: int
         *((f"the scale {name} was folded into W_uk", lambda s=s: uk["right"] * s,
            "Return W_uk itself: the scores' scale (1/√d_k, or √(d_latent / d_k) on the folded queries for an "
            "attention function that divides by √d_latent) belongs to the attention step, not to the matrix.")
-          for name, s in scales.items()),
+          for name, s in _scales(d_k, d_latent).items()),
     ]
     raise diagnose(W_uk, mistakes, f"W_uk is wrong {where}", W_UK_DEFINITION, expected=expected, dim=0, axis="head")
 
@@ -157,6 +187,18 @@ def _check_w_ov(W_ov: Any, w: dict[str, Tensor], D: int, H: int, d_k: int, d_lat
          "head h's (d_model, d_latent) block, and torch.einsum('mhk,hkc->mhc', ...) does every head."),
         ("every head's block was multiplied with head 0's W_uv", lambda: _fold(W_o, uv["right"][:1].expand(H, -1, -1)),
          "Use each head's own W_uv[h]: " + W_OV_DEFINITION),
+        *((f"the right numbers laid out by reshape instead of permute/transpose: a ({layout}) result "
+           "reshaped to (d_model, H, d_latent), which mixes up the heads' entries",
+           lambda order=order: expected.permute(order).reshape(D, H, d_latent),
+           f"reshape keeps the numbers in memory order and only relabels the axes: use .permute"
+           f"{tuple(order.index(a) for a in range(3))} (or write the einsum's output as 'mhc'), not reshape, to "
+           "move the head axis.")
+          for order in itertools.permutations(range(3)) if order != (0, 1, 2)
+          for layout in [", ".join(("d_model", "H", "d_latent")[a] for a in order)]),
+        *((f"the scale {name} was folded into W_ov", lambda s=s: expected * s,
+           "Return W_o[:, h] @ W_uv[h] itself: the scores' scale (1/√d_k, or √(d_latent / d_k) on the folded "
+           "queries) belongs to the attention step; on W_ov it scales the layer's output instead.")
+          for name, s in _scales(d_k, d_latent).items()),
     ]
     sources = [next((j for j in range(H) if close(W_ov[:, h], expected[:, j])), None) for h in range(H)]
     if None not in sources and sorted(sources) == list(range(H)):  # every block right, at the wrong index
