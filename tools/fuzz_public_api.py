@@ -122,15 +122,22 @@ def seeded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def plain_call(target: str, fn: Callable[..., Any], base: dict) -> tuple[Any, Case | None]:
+    """``fn(**base)``'s result, or, when that plain call itself fails, the one valid case that says so."""
+    try:
+        return fn(**base), None
+    except Exception:  # noqa: BLE001 - any failure of the plain call is the finding
+        return None, Case(f"{target}({_args(base)})", partial(fn, **base), "valid")
+
+
 def sizes(target: str, fn: Callable[..., Any], base: dict, names: tuple[str, ...], zero: str = "bad",
           extra_bad: dict | None = None, optional: bool = False) -> Iterator[Case]:
     """Each size argument in ``names``: the bad values, ``0`` (``zero``: bad, valid or either), NumPy ints
     (``optional``: None is the default, not a bad value)."""
     fn = seeded(fn)
-    try:
-        expected = fn(**base)
-    except Exception:  # noqa: BLE001 - the plain call itself fails: one valid case that says so
-        yield Case(f"{target}({_args(base)})", partial(fn, **base), "valid")
+    expected, failing = plain_call(target, fn, base)
+    if failing is not None:
+        yield failing
         return
     for name in names:
         for bad in BAD_SIZES[optional:] + tuple((extra_bad or {}).get(name, ())):
@@ -147,10 +154,9 @@ def values(target: str, fn: Callable[..., Any], base: dict, name: str, bad: tupl
     """One argument: bad values, valid ones (same result as ``base`` unless they are tuples
     ``(value, reference_result)``), and ones that may go either way."""
     fn = seeded(fn)
-    try:
-        expected = fn(**base)
-    except Exception:  # noqa: BLE001 - the plain call itself fails: one valid case that says so
-        yield Case(f"{target}({_args(base)})", partial(fn, **base), "valid")
+    expected, failing = plain_call(target, fn, base)
+    if failing is not None:
+        yield failing
         return
     for value in bad:
         yield Case(f"{target}({name}={_short(value)})", partial(fn, **{**base, name: value}), "bad", words or (name,))

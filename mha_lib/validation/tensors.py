@@ -98,16 +98,6 @@ def check_cache(cache: KVCache | None, query: Tensor, key: Tensor, value: Tensor
     return len(cache)
 
 
-def _output_weight(module: Any) -> Tensor:
-    """``module.W_o.weight``, whose dtype and device the inputs must have. Read from the dicts in which
-    ``nn.Module`` keeps it: its ``__getattr__`` costs about a microsecond per step of the path, and
-    a decoding step is ~100 µs."""
-    try:
-        return module._modules["W_o"]._parameters["weight"]
-    except (AttributeError, KeyError):
-        return module.W_o.weight
-
-
 def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                   cache: KVCache | None, return_weights: object = False) -> int:
     """Every check of a multi-head ``forward``, once, at the door; returns ``T`` (cached positions).
@@ -117,7 +107,7 @@ def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: 
     ``(B, H, Lq, T + Lk)``. A float mask's values are read (a host sync) except while decoding.
     Self-attention on a well-formed input, the step a decoder repeats, costs a few comparisons.
     """
-    weight = _output_weight(module)
+    weight = module.W_o.weight
     fits = (query is key is value and isinstance(query, Tensor) and query.ndim == 3  # the common case
             and query.shape[2] == module.d_model and query.dtype == weight.dtype and query.device == weight.device)
     if not fits:
