@@ -429,20 +429,24 @@ except AttributeError as error:
 #
 # `mha_lib.MultiHeadAttention` (in `mha_lib/multi_head.py`) is the listing with the fix, plus
 # checks on its inputs, optional masks and attention dropout, and `return_weights=True` to get
-# the weights `(B, H, Lq, Lk)`. Its `forward` runs the five steps of section 3, one method
-# each, after checking its inputs once:
+# the weights `(B, H, Lq, Lk)`. After checking its inputs once, its `forward` runs the five
+# steps of section 3:
 #
 # ```python
-# q, k, v = self.project(query, key, value)   # 1) W_q query, W_k key, W_v value
-# q, k, v = self.split(q, k, v)               # 2) split_heads: (B, H, Lq, d_k), (B, H, Lk, d_k)
+# q, k, v = self.project(query, key, value)   # 1) project, 2) split: (B, H, Lq, d_k), (B, H, Lk, d_k)
 # heads, weights = self.attend(q, k, v, mask, return_weights)  # 3) scaled_dot_product_attention
 # output = self.W_o(combine_heads(heads))     # 4) combine, 5) project: (B, Lq, d_model)
+#
+# def project(self, query, key, value):
+#     q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # 1) (B, Lq, d_model), (B, Lk, d_model)
+#     return self.split(q, k, v)              # 2) split_heads on each
 # ```
 #
 # Later chapters hook in between steps 2 and 3, each with one line that does nothing unless
 # asked: rotating queries and keys by their positions (chapter 06, `rotary=True`) and a cache of
 # past keys and values for decoding (chapter 10, `cache=`). Chapter 09's fused module replaces
-# steps 1 and 3 only.
+# two methods only: `project`, with one matrix for steps 1 and 2, and `attend`, with a fused
+# kernel for step 3.
 #
 # It takes `query`, `key` and `value` separately; for self-attention pass the same tensor three
 # times. Load the weights of section 3 into it and it must give the same output and weights:

@@ -140,6 +140,20 @@ print("k per head:", tuple(k_heads.shape), " stored inside qkv:", same_memory(k_
       f"(from entry {k_heads.storage_offset()} on)")
 
 # %% [markdown]
+# Separating Q, K and V first and then cutting each into heads takes seven operations: one
+# `split`, then a `view` and a `transpose` for each of the three. The heads can be cut before
+# Q, K and V are told apart: read `qkv`'s 1536 features as `3·H = 24` heads of 64, put the head
+# axis in front, and split it into 8 query, 8 key and 8 value heads. That is three operations
+# for the same views, and each costs a few microseconds of Python and dispatch, which a
+# decoding step of one token notices; the library's module cuts its heads this way.
+
+# %%
+all_heads = qkv.view(B, L, 3 * H, d_model // H).transpose(1, 2)  # (B, 3·H, L, d_k)
+q_all, k_all, v_all = all_heads.split(H, dim=1)                   # 3 x (B, H, L, d_k)
+assert torch.equal(q_all, q_heads) and torch.equal(k_all, k_heads) and same_memory(v_all)
+print("all heads:", tuple(all_heads.shape), "-> q, k, v:", tuple(q_all.shape), "== the heads cut one by one")
+
+# %% [markdown]
 # Fusing only works when queries, keys and values are projected from **the same tensor**
 # (self-attention). In cross-attention the queries come from one sequence and the keys and
 # values from another (chapter 04), so the module uses the rows `0 … 511` of `W_qkv` on the
@@ -190,12 +204,13 @@ if device.type in ("cpu", "cuda"):
 # ## 4. `mha_lib.EfficientMultiHeadAttention`
 #
 # The two ideas together make the efficient module. It *is* the teaching module (a subclass:
-# the same arguments, checks, forward, masks, RoPE and cache) with two of its five steps
+# the same arguments, checks, forward, masks, RoPE and cache) with two of its methods
 # replaced, in `mha_lib/efficient.py`:
 #
 # ```python
-# def project(self, query, key, value):       # step 1: one layer W_qkv, (1536, 512)
-#     return self.W_qkv(query).split(D, dim=-1)   # self-attention: one matmul, 3 x (B, L, D)
+# def project(self, query, key, value):       # steps 1 and 2: one layer W_qkv, (1536, 512)
+#     heads = self.W_qkv(query).view(B, L, -1, d_k).transpose(1, 2)  # self-attention: (B, 3·H, L, d_k)
+#     return heads.split(H, dim=1)                # 3 x (B, H, L, d_k), views
 #
 # def attend(self, q, k, v, mask, return_weights):  # step 3: the fused kernel
 #     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None

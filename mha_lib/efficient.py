@@ -1,12 +1,12 @@
 """Multi-head attention the way production code writes it (chapter 09).
 
 :class:`EfficientMultiHeadAttention` is :class:`~mha_lib.MultiHeadAttention` (same arguments,
-forward, checks, RoPE and cache) with two of its steps replaced:
+forward, checks, RoPE and cache) with two of its methods replaced:
 
-1. **project**: ``W_q, W_k, W_v`` stacked into one ``(D + 2·H_kv·d_k, D)`` weight ``W_qkv``
-   (``(3·D, D)`` without grouped heads), so that self-attention projects with one matrix
-   multiplication and splits the result (nanoGPT's ``c_attn``, ``nn.MultiheadAttention``'s
-   ``in_proj_weight``);
+1. **project** (steps 1 and 2): ``W_q, W_k, W_v`` stacked into one ``(D + 2·H_kv·d_k, D)`` weight
+   ``W_qkv`` (``(3·D, D)`` without grouped heads), so that self-attention projects with one
+   matrix multiplication (nanoGPT's ``c_attn``, ``nn.MultiheadAttention``'s ``in_proj_weight``)
+   and cuts its output into the heads of ``q``, ``k`` and ``v`` with one view;
 2. **attend**: :func:`torch.nn.functional.scaled_dot_product_attention`, which picks a flash /
    memory-efficient kernel where the device has one; such a kernel never stores the
    ``(B, H, Lq, Lk)`` weights, and reads each key/value head for its group of query heads
@@ -43,6 +43,7 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
     def make_projections(self, bias: bool) -> None:
         kv_features = self.num_kv_heads * self.d_k
         self.qkv_sizes = [self.d_model, kv_features, kv_features]  # the rows of W_q, W_k, W_v in W_qkv
+        self.qkv_heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads]  # the same rows, in heads of d_k
         self.W_qkv = nn.Linear(self.d_model, sum(self.qkv_sizes), bias=bias)
         self.W_o = nn.Linear(self.d_model, self.d_model, bias=bias)
 
@@ -69,15 +70,18 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
         return new.train(mha.training)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Step 1: one matrix multiplication for self-attention (then split: views, no copies),
-        three slices of ``W_qkv`` otherwise."""
+        """Steps 1 and 2. Self-attention: one matrix multiplication, whose output one view cuts into
+        all ``H + 2·H_kv`` heads at once (three operations where separating ``q, k, v`` first and
+        then splitting each takes seven). Otherwise: three slices of ``W_qkv``, then :meth:`split`."""
         if same_tensor(query, key) and same_tensor(key, value):
-            q, k, v = self.W_qkv(query).split(self.qkv_sizes, dim=-1)
+            B, L, _ = query.shape
+            heads = self.W_qkv(query).view(B, L, -1, self.d_k).transpose(1, 2)  # (B, H + 2·H_kv, L, d_k)
+            q, k, v = heads.split_with_sizes(self.qkv_heads, dim=1)  # views: (B, H, L, d_k), (B, H_kv, L, d_k) x 2
             return q, k, v
         weights = self.W_qkv.weight.split(self.qkv_sizes)  # (D, D), (H_kv·d_k, D) x 2
         biases = [None] * 3 if self.W_qkv.bias is None else self.W_qkv.bias.split(self.qkv_sizes)
         q, k, v = (F.linear(x, w, b) for x, w, b in zip((query, key, value), weights, biases))
-        return q, k, v
+        return self.split(q, k, v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                return_weights: bool) -> tuple[Tensor, Tensor | None]:

@@ -5,11 +5,12 @@ The attribute names ``W_q, W_k, W_v, W_o`` follow the listing in
 the values with ``self.d_v``, which it never defines. Every head's keys and
 values have the same size here, ``d_k = d_model // num_heads``.
 
-``forward`` is chapter 03's five steps, one method each, with the two places where later
-chapters hook in: positions inside each head (RoPE, chapter 06) between splitting and
-attending, and a key/value cache (chapter 10) just before attending.
-:class:`~mha_lib.EfficientMultiHeadAttention` (chapter 09) overrides two steps only: the
-projection (one fused matrix) and the attention (a fused kernel).
+``forward`` is chapter 03's five steps (``project`` runs the first two, ``split`` the second),
+with the two places where later chapters hook in: positions inside each head (RoPE, chapter
+06) between splitting and attending, and a key/value cache (chapter 10) just before attending.
+:class:`~mha_lib.EfficientMultiHeadAttention` (chapter 09) overrides two methods only:
+``project`` (one fused matrix, whose output is cut into every head at once) and ``attend``
+(a fused kernel).
 """
 
 from __future__ import annotations
@@ -105,8 +106,7 @@ class MultiHeadAttention(nn.Module):
             ``(B, H, Lq, Lk)`` (``Lk = T + n`` with a cache) when ``return_weights`` is True.
         """
         past = check_forward(self, query, key, value, mask, cache, return_weights)  # every check, once; T cached positions
-        q, k, v = self.project(query, key, value)  # 1) (B, Lq, d_model), (B, Lk, H_kv·d_k) x 2
-        q, k, v = self.split(q, k, v)  # 2) (B, H, Lq, d_k), (B, H_kv, Lk, d_k) x 2
+        q, k, v = self.project(query, key, value)  # 1) project, 2) split: (B, H, Lq, d_k), (B, H_kv, Lk, d_k) x 2
         if self.rotary:  # positions inside each head (chapter 06)
             q, k = self.rotate(q, k, start=past)
         if cache is not None:  # decoding (chapter 10): the cached keys and values, and the new ones
@@ -116,8 +116,9 @@ class MultiHeadAttention(nn.Module):
         return (output, weights) if return_weights else output
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Step 1: ``W_q query``, ``W_k key``, ``W_v value``."""
-        return self.W_q(query), self.W_k(key), self.W_v(value)
+        """Steps 1 and 2: ``W_q query``, ``W_k key``, ``W_v value``, each split into its heads."""
+        q, k, v = self.W_q(query), self.W_k(key), self.W_v(value)  # 1) (B, Lq, d_model), (B, Lk, H_kv·d_k) x 2
+        return self.split(q, k, v)  # 2) (B, H, Lq, d_k), (B, H_kv, Lk, d_k) x 2
 
     def split(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Step 2: ``H`` query heads, ``H_kv`` key/value heads, of ``d_k`` features each."""
