@@ -76,7 +76,8 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
         if same_tensor(query, key) and same_tensor(key, value):
             B, L, _ = query.shape
             heads = self.W_qkv(query).view(B, L, -1, self.d_k).transpose(1, 2)  # (B, H + 2·H_kv, L, d_k)
-            q, k, v = heads.split_with_sizes(self.qkv_heads, dim=1)  # views: (B, H, L, d_k), (B, H_kv, L, d_k) x 2
+            # views (B, H, L, d_k), (B, H_kv, L, d_k) x 2; split_with_sizes is .split's op without its 2 µs of Python
+            q, k, v = heads.split_with_sizes(self.qkv_heads, dim=1)
             return q, k, v
         weights = self.W_qkv.weight.split(self.qkv_sizes)  # (D, D), (H_kv·d_k, D) x 2
         biases = [None] * 3 if self.W_qkv.bias is None else self.W_qkv.bias.split(self.qkv_sizes)
