@@ -209,16 +209,17 @@ if device.type in ("cpu", "cuda"):
 #
 # ```python
 # def project(self, query, key, value):       # steps 1 and 2: one layer W_qkv, (1536, 512)
-#     heads = self.W_qkv(query).view(B, L, -1, d_k).transpose(1, 2)  # self-attention: (B, 3·H, L, d_k)
-#     return heads.split(H, dim=1)                # 3 x (B, H, L, d_k), views
+#     heads = self.W_qkv(query).view(B, L, 3 * H, d_k).transpose(1, 2)  # self-attention: (B, 3·H, L, d_k)
+#     return heads.split(H, dim=1)                # views: 3 x (B, H, L, d_k)
 #
 # def attend(self, q, k, v, mask, return_weights):  # step 3: the fused kernel
 #     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
 # ```
 #
-# plus a path for cross-attention (slices of `W_qkv`), the explicit path when you ask for the
-# weights (a fused kernel never has them), dropout only in training, and a guard for queries
-# whose keys are all masked (section 8 shows why a fused kernel needs one).
+# plus a path for cross-attention (slices of `W_qkv`), fewer key and value heads than query
+# heads (chapter 10), the explicit path when you ask for the weights (a fused kernel never has
+# them), dropout only in training, and a guard for queries whose keys are all masked (section 8
+# shows why a fused kernel needs one).
 # `EfficientMultiHeadAttention.from_module(mha)` copies a teaching module's weights, so the two
 # can be compared:
 

@@ -6,7 +6,8 @@ forward, checks, RoPE and cache) with two of its methods replaced:
 1. **project** (steps 1 and 2): ``W_q, W_k, W_v`` stacked into one ``(D + 2·H_kv·d_k, D)`` weight
    ``W_qkv`` (``(3·D, D)`` without grouped heads), so that self-attention projects with one
    matrix multiplication (nanoGPT's ``c_attn``, ``nn.MultiheadAttention``'s ``in_proj_weight``)
-   and cuts its output into the heads of ``q``, ``k`` and ``v`` with one view;
+   and cuts its output into the heads of ``q``, ``k`` and ``v`` at once (a view, a transpose and a
+   split: views, no copies);
 2. **attend**: :func:`torch.nn.functional.scaled_dot_product_attention`, which picks a flash /
    memory-efficient kernel where the device has one; such a kernel never stores the
    ``(B, H, Lq, Lk)`` weights, and reads each key/value head for its group of query heads
@@ -70,15 +71,14 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
         return new.train(mha.training)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Steps 1 and 2. Self-attention: one matrix multiplication, whose output one view cuts into
-        all ``H + 2·H_kv`` heads at once (three operations where separating ``q, k, v`` first and
-        then splitting each takes seven). Otherwise: three slices of ``W_qkv``, then :meth:`split`."""
+        """Steps 1 and 2. Self-attention: one matrix multiplication, whose output is cut into all
+        ``H + 2·H_kv`` heads at once (three operations where separating ``q, k, v`` first and then
+        splitting each takes seven). Otherwise: three slices of ``W_qkv``, then :meth:`split`."""
         if same_tensor(query, key) and same_tensor(key, value):
             B, L, _ = query.shape
-            heads = self.W_qkv(query).view(B, L, -1, self.d_k).transpose(1, 2)  # (B, H + 2·H_kv, L, d_k)
+            heads = self.W_qkv(query).view(B, L, sum(self.qkv_heads), self.d_k).transpose(1, 2)  # (B, H + 2·H_kv, L, d_k)
             # views (B, H, L, d_k), (B, H_kv, L, d_k) x 2; split_with_sizes is .split's op without its 2 µs of Python
-            q, k, v = heads.split_with_sizes(self.qkv_heads, dim=1)
-            return q, k, v
+            return heads.split_with_sizes(self.qkv_heads, dim=1)
         weights = self.W_qkv.weight.split(self.qkv_sizes)  # (D, D), (H_kv·d_k, D) x 2
         biases = [None] * 3 if self.W_qkv.bias is None else self.W_qkv.bias.split(self.qkv_sizes)
         q, k, v = (F.linear(x, w, b) for x, w, b in zip((query, key, value), weights, biases))

@@ -5,7 +5,7 @@ The attribute names ``W_q, W_k, W_v, W_o`` follow the listing in
 the values with ``self.d_v``, which it never defines. Every head's keys and
 values have the same size here, ``d_k = d_model // num_heads``.
 
-``forward`` is chapter 03's five steps (``project`` runs the first two, ``split`` the second),
+``forward`` is chapter 03's five steps (``project`` runs steps 1 and 2, calling ``split`` for step 2),
 with the two places where later chapters hook in: positions inside each head (RoPE, chapter
 06) between splitting and attending, and a key/value cache (chapter 10) just before attending.
 :class:`~mha_lib.EfficientMultiHeadAttention` (chapter 09) overrides two methods only:

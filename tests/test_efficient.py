@@ -134,6 +134,28 @@ def test_fully_masked_rows_do_not_rely_on_the_kernel(mask_dtype, monkeypatch):
     torch.testing.assert_close(out[0, 1], fused.W_o.bias, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "no tokens", "no sequences"])
+def test_self_attention_projects_once_and_cuts_every_head_as_a_view(num_kv_heads, layout):
+    """Self-attention: one call of W_qkv, and q, k, v are views of its output, equal to the heads
+    that splitting q, k and v apart first would give (the teaching module's split)."""
+    mha = EfficientMultiHeadAttention(16, 4, num_kv_heads=num_kv_heads)
+    x = {"contiguous": torch.randn(2, 5, 16), "strided": torch.randn(5, 2, 32)[:, :, ::2].transpose(0, 1),
+         "no tokens": torch.randn(2, 0, 16), "no sequences": torch.randn(0, 5, 16)}[layout]
+    B, L, _ = x.shape
+    outputs = []
+    mha.W_qkv.register_forward_hook(lambda module, inputs, output: outputs.append(output))
+    with torch.no_grad():
+        q, k, v = mha.project(x, x, x)
+        assert mha(x, x, x).shape == x.shape
+    assert len(outputs) == 2
+    assert q.shape == (B, 4, L, 4) and k.shape == v.shape == (B, num_kv_heads, L, 4)
+    if x.numel():  # an empty tensor may hold no storage at all
+        assert all(t.untyped_storage().data_ptr() == outputs[0].untyped_storage().data_ptr() for t in (q, k, v))
+    one_by_one = mha.split(*outputs[0].split(mha.qkv_sizes, dim=-1))
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), one_by_one))
+
+
 def test_from_module_copies_everything(device):
     teaching = MultiHeadAttention(16, 4, dropout=0.25, bias=True).to(device, torch.float64).train()
     fused = EfficientMultiHeadAttention.from_module(teaching)

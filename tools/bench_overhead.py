@@ -5,7 +5,8 @@
     taskset -c 0 python tools/bench_overhead.py --threads 1
 
 "Bare" is the same work written as plain PyTorch with the module's own weights: one fused
-``F.linear``, the split into heads (views), ``torch.cat`` onto the cached keys and values when
+``F.linear``, the split into heads (views: nanoGPT's ``split`` of q, k, v, then a ``view`` and a
+``transpose`` of each; "bare, one cut" cuts all heads at once as the module does), ``torch.cat`` onto the cached keys and values when
 decoding, ``F.scaled_dot_product_attention``, the heads put side by side and the output
 ``F.linear``. "Bare module" is the same code as an ``nn.Module`` that calls its two ``nn.Linear``
 layers (nanoGPT's ``CausalSelfAttention``): it pays the three module calls that any module pays,
@@ -31,14 +32,22 @@ import torch.nn.functional as F
 from mha_lib import EfficientMultiHeadAttention, KVCache
 
 
-def bare_attention(mha: EfficientMultiHeadAttention, x: torch.Tensor, past: tuple | None = None) -> torch.Tensor:
-    """``mha(x, x, x)`` (with ``past = (keys, values)`` cached) in plain PyTorch calls, unchecked."""
+def bare_attention(mha: EfficientMultiHeadAttention, x: torch.Tensor, past: tuple | None = None,
+                   one_cut: bool = False) -> torch.Tensor:
+    """``mha(x, x, x)`` (with ``past = (keys, values)`` cached) in plain PyTorch calls, unchecked.
+
+    The heads are cut as nanoGPT cuts them (``q, k, v`` apart, then each into heads: 7 operations),
+    or with ``one_cut`` as the module cuts them (all heads at once: 3 operations)."""
     B, L, D = x.shape
     H, H_kv, d_k = mha.num_heads, mha.num_kv_heads, mha.d_k
-    q, k, v = F.linear(x, mha.W_qkv.weight, mha.W_qkv.bias).split(mha.qkv_sizes, dim=-1)
-    q = q.view(B, L, H, d_k).transpose(1, 2)
-    k = k.view(B, L, H_kv, d_k).transpose(1, 2)
-    v = v.view(B, L, H_kv, d_k).transpose(1, 2)
+    qkv = F.linear(x, mha.W_qkv.weight, mha.W_qkv.bias)
+    if one_cut:
+        q, k, v = qkv.view(B, L, H + 2 * H_kv, d_k).transpose(1, 2).split_with_sizes([H, H_kv, H_kv], dim=1)
+    else:
+        q, k, v = qkv.split(mha.qkv_sizes, dim=-1)
+        q = q.view(B, L, H, d_k).transpose(1, 2)
+        k = k.view(B, L, H_kv, d_k).transpose(1, 2)
+        v = v.view(B, L, H_kv, d_k).transpose(1, 2)
     if past is not None:
         k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
     heads = F.scaled_dot_product_attention(q, k, v, enable_gqa=H_kv != H)
@@ -92,13 +101,16 @@ def make_cases(d_model: int = 512, heads: int = 8, cached: int = 100, batch: int
     return {
         "1 token": {"module": no_grad(lambda: mha(x1, x1, x1)),
                     "bare": no_grad(lambda: bare_attention(mha, x1)),
-                    "bare module": no_grad(lambda: bare(x1))},
+                    "bare module": no_grad(lambda: bare(x1)),
+                    "bare, one cut": no_grad(lambda: bare_attention(mha, x1, one_cut=True))},
         "1 token + cache": {"module": no_grad(module_cached),
                             "bare": no_grad(lambda: bare_attention(mha, x1, past)),
-                            "bare module": no_grad(lambda: bare(x1, past))},
+                            "bare module": no_grad(lambda: bare(x1, past)),
+                            "bare, one cut": no_grad(lambda: bare_attention(mha, x1, past, one_cut=True))},
         "fwd+bwd": {"module": lambda: train(xb, xb, xb).backward(g),
                     "bare": lambda: bare_attention(train, xb).backward(g),
-                    "bare module": lambda: bare_train(xb).backward(g)},
+                    "bare module": lambda: bare_train(xb).backward(g),
+                    "bare, one cut": lambda: bare_attention(train, xb, one_cut=True).backward(g)},
     }
 
 
@@ -135,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         train = case == "fwd+bwd"
         best = measure(steps, args.train_repeats if train else args.repeats, 1 if train else args.calls)
-        print(f"{case:>16}: module {best['module'] * 1e6:9.1f} µs   bare {best['bare'] * 1e6:9.1f} µs   "
-              f"bare module {best['bare module'] * 1e6:9.1f} µs   ratio {best['module'] / best['bare']:.3f} "
-              f"(to the bare module {best['module'] / best['bare module']:.3f})", flush=True)
+        print(f"{case:>16}: module {best['module'] * 1e6:9.1f} µs; "
+              + "; ".join(f"{name} {best[name] * 1e6:9.1f} µs (ratio {best['module'] / best[name]:.3f})"
+                          for name in ("bare", "bare module", "bare, one cut")), flush=True)
     return 0
 
 
