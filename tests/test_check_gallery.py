@@ -726,13 +726,14 @@ def test_restricted_attention_names_an_inverted_mask_and_weights_zeroed_after_th
         B, L, D = x.shape
         q, k, v = (f(x).view(B, L, 2, D // 2).transpose(1, 2) for f in (mha.W_q, mha.W_k, mha.W_v))
         s = q @ k.mT / math.sqrt(D // 2)
+        keep = halves_right(L).to(x.device)
         if additive:
-            s = s + torch.zeros(2, L, L, dtype=x.dtype).masked_fill(~halves_right(L), float("-inf"))
+            s = s + torch.zeros(2, L, L, dtype=x.dtype, device=x.device).masked_fill(~keep, float("-inf"))
             w = s.softmax(-1)
         elif after:
-            w = s.softmax(-1) * halves_right(L)
+            w = s.softmax(-1) * keep
         else:
-            w = s.masked_fill(~halves_right(L), float("-inf")).softmax(-1)
+            w = s.masked_fill(~keep, float("-inf")).softmax(-1)
         return mha.W_o((w @ v).transpose(1, 2).reshape(B, L, D)), w
 
     expect_fail(checks.check_restricted_attention(
@@ -742,6 +743,16 @@ def test_restricted_attention_names_an_inverted_mask_and_weights_zeroed_after_th
                 "after the softmax", "without renormalising")
     expect_pass(checks.check_restricted_attention(by_hand))
     expect_pass(checks.check_restricted_attention(lambda mha, x: by_hand(mha, x, additive=True)))
+
+
+def test_restricted_attention_needs_the_mask_on_the_inputs_device():
+    """Right on the CPU, wrong on a GPU: the check runs the function once more on the meta device."""
+    result = checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)), return_weights=True))
+    expect_fail(result, "device 'meta'", "mask is on cpu", "it is the device that fails", "to(x.device)",
+                status="error")
+    expect_pass(checks.check_restricted_attention(
+        lambda mha, x: mha(x, x, x, mask=halves_right(x.size(1)).to(x.device), return_weights=True)))
 
 
 # every check: a stub of an earlier exercise is named, and the verdict comes within a second

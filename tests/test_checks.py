@@ -534,7 +534,7 @@ def test_halves_mask_check():
 
 def test_restricted_attention_check():
     def attend(mha, x, mask=None):
-        return mha(x, x, x, mask=mask, return_weights=True)
+        return mha(x, x, x, mask=None if mask is None else mask.to(x.device), return_weights=True)
 
     expect_pass(checks.check_restricted_attention(lambda mha, x: attend(mha, x, halves_right(x.size(1)))))
     expect_pass(checks.check_restricted_attention(lambda mha, x: attend(mha, x, halves_arange(x.size(1))[None])))
