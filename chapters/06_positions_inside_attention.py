@@ -176,12 +176,12 @@ learned = nn.Embedding(16, d_model)  # max_len = 16 rows of d_model trainable nu
 print("learned position table:", tuple(learned.weight.shape), f"= {learned.weight.numel()} parameters")
 
 # %% [markdown]
-# Either way, added positions reach attention only through the projections: the score between
-# a query at position `i` and a key at `j` is $(W_q(x_i + p_i)) \cdot (W_k(x_j + p_j))$ (here summed
-# over the heads and before the division by $\sqrt{d_k}$, which changes nothing below), which
-# mixes what the tokens *are* with *where* they are. It depends on `i` and `j` themselves,
-# not only on how far apart they are. Put the same two words four positions apart at the start
-# of the sequence and again further on: the score changes.
+# Either way, added positions reach attention only through the projections. The score between
+# a query at position `i` and a key at `j` is $(W_q(x_i + p_i)) \cdot (W_k(x_j + p_j))$ (summed
+# over the heads, before the division by $\sqrt{d_k}$). It mixes what the tokens *are* with
+# *where* they are, and depends on `i` and `j` themselves, not only on how far apart they are.
+# Put the same two words four positions apart at the start of the sequence and again further
+# on: the score changes.
 
 # %%
 def score_at(q_proj, k_proj, a, b, i, j, pe):
@@ -228,8 +228,9 @@ assert torch.allclose(torch.stack(scores_2d), scores_2d[0].expand(3), atol=1e-5)
 # code you are most likely to read. (RoFormer's paper pairs neighbours, `2i` and `2i + 1`; more
 # on that below.)
 #
-# A pair is also a complex number `a + ib`, and rotating it by $m\theta$ is multiplying it by
-# $e^{im\theta}$. That gives a short version to check the course's `mha_lib.apply_rotary` with.
+# A pair `(a, b)` is also the complex number `a + b·j` (here `j = √-1`, not a position), and
+# rotating it by $m\theta$ is multiplying it by $e^{\,j m\theta}$. That gives a short version to
+# check the course's `mha_lib.apply_rotary` with.
 
 # %%
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -279,7 +280,7 @@ print("first row (query at 0, keys at 0..5):", S[0, :6].cpu())
 # layer sees how the tokens lie relative to each other, not where in a long text they sit.
 
 # %%
-q64, k64 = q.double(), torch.randn(B, H, L, d_k, dtype=torch.float64).to(device)  # float64: large angles stay exact
+q64, k64 = q.double(), torch.randn(B, H, L, d_k, dtype=torch.float64).to(device)  # float64: rounding stays far below 1e-8
 scores_0 = apply_rotary(q64) @ apply_rotary(k64).transpose(-2, -1)  # (B, H, L, L), positions 0..5
 for shift in (1, 100, 10_000):
     moved = apply_rotary(q64, positions + shift) @ apply_rotary(k64, positions + shift).transpose(-2, -1)
@@ -362,10 +363,10 @@ assert same_rotation and differ
 rot = MultiHeadAttention(d_model, H, rotary=True).to(device).eval()
 print("rotary:", rot.rotary, " num_heads:", rot.num_heads, " d_k:", rot.d_k)
 with torch.no_grad():
-    q_h = apply_rotary(split_heads(rot.W_q(x), H))  # (B, H, L, d_k), rotated
-    k_h = apply_rotary(split_heads(rot.W_k(x), H))  # (B, H, L, d_k), rotated
-    v_h = split_heads(rot.W_v(x), H)  # (B, H, L, d_k), NOT rotated
-    heads, _ = scaled_dot_product_attention(q_h, k_h, v_h)  # (B, H, L, d_k)
+    q_h = apply_rotary(split_heads(rot.W_q(x), H))  # (B, H, L, rot.d_k), rotated
+    k_h = apply_rotary(split_heads(rot.W_k(x), H))  # (B, H, L, rot.d_k), rotated
+    v_h = split_heads(rot.W_v(x), H)  # (B, H, L, rot.d_k), NOT rotated
+    heads, _ = scaled_dot_product_attention(q_h, k_h, v_h)  # (B, H, L, rot.d_k)
     by_hand = rot.W_o(combine_heads(heads))  # (B, L, d_model)
     from_module = rot(x, x, x)
 assert torch.allclose(by_hand, from_module, atol=1e-5)
@@ -423,21 +424,25 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 # %% [markdown]
 # `apply_rotary` takes the positions as an argument for one reason: a model that generates text
 # one token at a time has seen `T` tokens already, and the new one sits at position `T`, not 0.
-# Chapter 10 passes `positions = arange(T, T + n)` for that.
+# With a cache of `T` tokens (chapter 10), the module rotates the new ones by `arange(T, T + n)`
+# itself.
 
 # %% [markdown]
 # ## 7. Positions as a bias on the scores: ALiBi and T5
 #
 # The third way leaves the queries, keys and embeddings alone and **adds a number to each score**
 # that depends on the offset `i - j`: exactly a float mask, one `(L, L)` pattern per head, which
-# the course's modules already take (chapter 04). Two recipes:
+# the course's modules already take (per-head masks in chapter 04, float masks in chapter 05).
+# Two recipes:
 #
 # - **ALiBi** (BLOOM, MPT): `bias[h, i, j] = -m_h · |i - j|`, a penalty that grows with the
 #   distance, with a fixed slope per head from the geometric sequence `2^(-8/H), 2^(-16/H), …`:
 #   some heads look far, others near. Nothing is learned. The paper defines it for decoders
 #   (keys `j ≤ i`); `|i - j|` extends it to keys after the query, for encoders.
-# - **T5**: offsets are sorted into 32 buckets, one per small offset and logarithmically wider
-#   ones further away, and each head *learns* one number per bucket.
+# - **T5** (an encoder): 32 buckets, 16 for keys before the query and 16 for keys after. In each
+#   half, offsets 0 to 7 get a bucket each; larger offsets share buckets whose width grows
+#   logarithmically up to 128, and anything farther shares the last one. Each head *learns* one
+#   number per bucket.
 #
 # `mha_lib.alibi_bias(H, L)` and `mha_lib.relative_position_buckets(L)` build them:
 
@@ -448,7 +453,7 @@ L_bias = 10
 alibi = alibi_bias(H, L_bias)  # (H, L, L) float
 print("ALiBi slopes per head:", [f"{m:.4f}" for m in (-alibi[:, 1, 0]).tolist()])
 torch.manual_seed(0)
-buckets = relative_position_buckets(L_bias)  # (L, L) int: bucket of the offset j - i
+buckets = relative_position_buckets(L_bias)  # (L, L) int: the bucket of key j's offset from query i
 t5_table = nn.Embedding(32, H)  # one learned scalar per bucket and head (random here)
 t5_bias = t5_table(buckets).permute(2, 0, 1).detach()  # (H, L, L) float
 print("T5 buckets, query 9, keys 0..9:", buckets[9].tolist())
@@ -466,14 +471,14 @@ for name, bias in (("ALiBi", alibi), ("T5", t5_bias)):
 causal = torch.ones(L_bias, L_bias, dtype=torch.bool).tril()
 causal_alibi = alibi.masked_fill(~causal, float("-inf"))  # (H, L, L): a float mask for any module
 bias_only = torch.softmax(causal_alibi, dim=-1)  # the weights when all scores are equal
-fig, axes = plt.subplots(1, H, figsize=(3 * H, 3))
+fig, axes = plt.subplots(1, H, figsize=(3 * H, 3), layout="constrained")
 for h, ax in enumerate(axes):
-    ax.imshow(bias_only[h], cmap="Blues", vmin=0, vmax=1)
+    image = ax.imshow(bias_only[h], cmap="Blues", vmin=0, vmax=1)
     ax.set_title(f"head {h}: slope {-alibi[h, 1, 0].item():.4f}", fontsize=9)
     ax.set_xlabel("key j")
 axes[0].set_ylabel("query i")
+fig.colorbar(image, ax=axes, fraction=0.02, label="attention weight")
 fig.suptitle("ALiBi alone, causal: the steeper the slope, the nearer the weight")
-plt.tight_layout()
 plt.show()
 own = bias_only[:, -1, -1]  # the last query's weight on itself
 print("last query's weight on itself, per head:", [f"{w:.2f}" for w in own.tolist()])
@@ -488,10 +493,12 @@ print("MultiHeadAttention with the ALiBi mask:", tuple(x_bias.shape), "->", tupl
 # slopes.
 #
 # A fourth answer is **no positions at all** (NoPE): a causal decoder can infer positions from
-# the mask alone, since token `i` sees exactly `i + 1` tokens, and Kazemnejad et al. (2023)
-# found such models to generalise to longer inputs about as well as those with positions. An
-# encoder, whose tokens all see each other, has no such cue.
-#
+# the mask alone, since token `i` sees exactly `i + 1` tokens. Kazemnejad et al. (2023) found
+# that such models generalised to longer inputs *better* than ones with sinusoidal, rotary,
+# ALiBi or T5 positions, on their small reasoning and arithmetic tasks. An encoder, whose tokens
+# all see each other, has no such cue.
+
+# %% [markdown]
 # ## 8. RoPE's base, and longer contexts
 #
 # RoPE's angles are `m · θ_i` with `θ_i = base^(-2i/d_k)`: the base (10 000 in the paper; 500 000
@@ -499,9 +506,12 @@ print("MultiHeadAttention with the ALiBi mask:", tuple(x_bias.shape), "->", tupl
 # the slowest pair has not yet turned once. A model trained on 4096 tokens has seen the slow
 # pairs' angles only up to `4096 · θ_i`; at 16 384 tokens they reach angles it never saw.
 # **Position interpolation** divides the positions by the stretch factor `s` (here 4), so a
-# longer text reuses the trained range of angles, squeezed; **NTK-aware scaling** raises the base
-# instead, to `base · s^(d_k/(d_k-2))`, which leaves the fast pairs (fine local order) nearly as
-# they were and stretches the slow ones; YaRN (Peng et al., 2023) blends the two per frequency.
+# longer text reuses the trained range of angles, squeezed; **NTK-aware scaling** (named after
+# the neural tangent kernel) raises the base instead, to `base · s^(d_k/(d_k-2))`, which leaves
+# the fast pairs (fine local order) nearly as they were and stretches the slow ones; YaRN (Peng
+# et al., 2023) blends the two per frequency. In the plot, pairs above the grey line turned many
+# times within the trained length and have seen every angle; only the pairs below it meet new
+# angles when the text grows.
 
 # %%
 d_rope, trained, stretch = 128, 4096, 4
@@ -516,7 +526,7 @@ for (name, angle), style in zip(reach.items(), ("k-", "r--", "b:", "g-.")):
     ax.plot(pairs, angle, style, label=name)
 ax.set(yscale="log", xlabel="pair i (fast to slow)", ylabel="largest angle m·θ_i (radians)",
        title="The angles a longer context reaches, and two ways to keep them in range")
-ax.axhline(2 * math.pi, color="grey", lw=0.5)
+ax.axhline(2 * math.pi, color="grey", lw=0.5, label="one full turn (2π)")
 ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
@@ -548,7 +558,8 @@ assert abs(theta_ntk[slowest] * stretch - theta[slowest]) < 1e-12
 #   a constant changes nothing; lengths are kept; the values are **never** rotated.
 # - `mha_lib.apply_rotary(x, positions=None)` uses the **half-split** pairing `(i, i + d_k/2)`
 #   (GPT-NeoX, Hugging Face LLaMA); RoFormer's interleaved pairing is the same rotation on
-#   reordered features, but weights do not carry over between them.
+#   reordered features: weights carry over only after permuting the rows of `W_q` and `W_k`,
+#   head by head.
 # - `MultiHeadAttention(d_model, H, rotary=True)` (and the efficient module) apply it after
 #   `split_heads`.
 # - **A bias on the scores**: ALiBi (`-m_h · |i - j|`, fixed slopes per head) and T5 (a

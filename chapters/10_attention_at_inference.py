@@ -18,17 +18,17 @@
 #
 # A language model writes one token at a time. To pick token `t + 1` it runs its layers over
 # everything written so far, then appends the new token and does it again. Run naively, every
-# step repeats all the work of the step before. This chapter shows the trick every model uses
-# to avoid that, the **key/value cache**, what it costs in memory and in bytes read per step,
-# and the two changes to multi-head attention that most of today's models make to keep it
-# small: **fewer key/value heads** (multi-query and grouped-query attention) and **sliding
-# windows** (with attention sinks); section 6 names the others, and section 7 builds one of them,
+# step repeats all the work of the step before. This chapter shows the trick every model uses to
+# avoid that, the **key/value cache**, what it costs in memory and in bytes read per step, and
+# two changes to multi-head attention that keep it small: **fewer key/value heads** (multi-query
+# and grouped-query attention, in most of today's models) and **sliding windows** with attention
+# sinks (Mistral, Gemma); section 6 names the others, and section 7 builds one of them,
 # DeepSeek-V2's **multi-head latent attention**, which caches one small vector per token and
 # rebuilds every head's keys and values from it.
 #
 # **By the end of this chapter you will be able to**
 #
-# - say why decoding with a causal mask recomputes every key and value at every step, and count
+# - say why decoding without a cache recomputes every key and value at every step, and count
 #   the work it wastes;
 # - decode with `mha_lib.KVCache`, token by token or in chunks, and prove that it equals the
 #   full causal forward pass, with and without rotary positions;
@@ -38,7 +38,7 @@
 #   heads share which key/value head, and how much memory that saves;
 # - build a sliding-window mask with `mha_lib.sliding_window_mask`, decode with it, and show
 #   that the cache then never needs more than the window, keeping attention sinks if asked;
-# - compute the bytes a decoding step reads, and why sharing key/value heads makes it faster;
+# - compute the bytes a decoding step reads, and say why sharing key/value heads makes it faster;
 # - decode with `mha_lib.MultiHeadLatentAttention`, which caches a small latent instead of keys and
 #   values, fold its up-projections into the queries and the output projection, and say why plain
 #   RoPE prevents that fold and what DeepSeek-V2 does instead.
@@ -98,9 +98,12 @@ print("token by token, recomputing the prefix == one causal forward (within 1e-5
 
 # %% [markdown]
 # Step `t` projects `t + 1` tokens into queries, keys and values, although only the newest one
-# is new: with a causal mask, the keys and values of tokens `0 .. t - 1` are exactly those of
-# the step before. Over `L` steps the layer projects `1 + 2 + … + L = L(L+1)/2` tokens instead of
-# `L`, and computes `1² + 2² + … + L²` scores instead of `1 + 2 + … + L`.
+# is new: the keys and values of tokens `0 .. t - 1` are exactly those of the step before. In
+# this one layer that is plain (a key depends on its own token only); in a stack of layers it
+# holds because the causal mask keeps every layer's output at position `j` from depending on
+# later tokens, so the next layer's inputs at `j` never change either. Over `L` steps the layer
+# projects `1 + 2 + … + L = L(L+1)/2` tokens instead of `L`, and computes `1² + 2² + … + L²`
+# scores instead of `1 + 2 + … + L`.
 
 # %%
 print(f"{'tokens L':>8} {'projections, recompute':>23} {'with a cache':>13} {'scores, recompute':>18} {'with a cache':>13}")
@@ -165,14 +168,12 @@ for rotary in (False, True):
 # (`d_model = 512`, 8 heads, batch 1; chapter 09's `EfficientMultiHeadAttention`, which takes
 # `cache=` too) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
-# of three runs. On the machine this course was written on (2 CPU cores shared with other work)
-# it measured, with one thread, 4.3 s recomputing against 0.34 s with the cache, **12.5× faster**,
-# at a busy moment, and 2.2 s against 0.09 s, 26×, at a quieter one; with two threads, anything
-# from 4.5× to 17×: a cached step is a dozen tiny operations whose time is mostly overhead, and
-# two threads waiting for each other on busy cores add to it. So these are measurements on one
-# machine, not a promise: yours (more cores, a GPU, another PyTorch) will give other numbers; run
-# the command to get them. What holds everywhere is the trend: the longer the text, the larger
-# the gap, since recomputing grows like `L²` in projections and the cache like `L`.
+# of three runs. On this course's 2 shared CPU cores, one thread measured the cache 13× to 24×
+# faster, depending on the load, and two threads 4.5× to 17×: a cached step is a dozen tiny
+# operations whose time is mostly overhead. Run the command for your machine's numbers. What
+# holds everywhere is the trend: the longer the text, the larger the gap, since recomputing
+# grows like `L²` in projections and the cache like `L`. (Its last lines preview section 4: a
+# layer with 2 key/value heads instead of 8 caches a quarter as much.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -185,7 +186,8 @@ assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
 # %% [markdown]
 # ## 3. What the cache costs in memory
 #
-# The cache holds two tensors per layer, keys and values, each `(B, H_kv, T, d_k)`: every
+# The cache holds two tensors per layer, keys and values, each `(B, H_kv, T, d_k)`, with
+# `H_kv = H` key/value heads for now (section 4 lowers it): every
 # position, every key/value head, every feature. Per token and per layer that is
 # `2 · H_kv · d_k` numbers. For the book's configuration (`d_model = 512`, 8 heads of 64) in
 # float32: `2 · 8 · 64 · 4 = 4096` bytes, 4 KiB per token per layer. Measured after 16 tokens:
@@ -286,9 +288,9 @@ print("q:", tuple(q_h.shape), " k, v:", tuple(k_h.shape), " ->", tuple(pytorch_g
 print("GQA module == PyTorch's F.scaled_dot_product_attention(enable_gqa=True) (within 1e-5)")
 
 # %% [markdown]
-# The memory saving is exactly `H_kv / H`. For the 7B-class model of section 3, and measured on
-# the book's layer after 16 tokens (each decoded with a cache and checked against the full
-# causal forward):
+# The cache shrinks to exactly `H_kv / H` of its multi-head size. For the 7B-class model of
+# section 3, and measured on the book's layer after 16 tokens (each decoded with a cache and
+# checked against the full causal forward):
 
 # %%
 print(f"{'':5} {'H_kv':>4} {'7B-class: bytes per token':>26} {'4096 tokens':>12} {'book layer, 16 tokens (measured)':>33}")
@@ -307,10 +309,12 @@ for kind, kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
 assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measured["MHA"]
 
 # %% [markdown]
-# What does sharing cost? Fewer key/value heads means fewer distinct things to look *for*: the
-# model loses some quality, little for GQA, more for MQA. Ainslie et al. report GQA with 8 groups
-# close to full multi-head quality at nearly MQA's speed, and show that a trained multi-head model
-# can be converted by averaging the key and value heads of each group, then trained briefly.
+# What does sharing cost? Fewer key/value heads means fewer distinct ways to describe each token
+# for matching (keys) and fewer distinct contents to pass on (values); every head still asks its
+# own question (its query). The model loses some quality, little for GQA, more for MQA. Ainslie
+# et al. report GQA with 8 groups close to full multi-head quality at nearly MQA's speed, and
+# show that a trained multi-head model can be converted by averaging the key and value heads of
+# each group, then trained briefly.
 
 # %% [markdown]
 # ## 5. Sliding windows: a cache that stops growing
@@ -396,6 +400,12 @@ with torch.no_grad():
         largest = max(largest, len(cache))
 assert torch.allclose(torch.cat(steps, dim=1), reference_sinks, atol=1e-5) and largest == sinks + window
 print(f"a rolling cache of {sinks} sink + {window} recent positions == the windowed forward with sinks (within 1e-5)")
+
+# %% [markdown]
+# The mask with a sink, for 6 tokens and a window of 3: column 0 stays visible to every row, and
+# the window slides past it.
+
+# %%
 print(sliding_window_mask(6, 3, sinks=1).int())
 
 # %% [markdown]
@@ -463,11 +473,13 @@ assert kv_cache_bytes(32, 32, 128, 4096, batch=32) > 4 * weights_bytes and mha_3
 # Only `c_j` is cached: `d_c` numbers per token and layer instead of `2 · H · d_k`. The price is
 # a constraint the model learns with: every head's keys and values are linear functions of the
 # same `d_c` numbers (`W_uk · W_dkv` has rank at most `d_c`), so MLA is an architecture to train,
-# not a way to shrink a trained multi-head model's cache for free. `mha_lib.MultiHeadLatentAttention(d_model,
-# num_heads, d_latent)` has the five projections, and `LatentCache` is its cache, used like
-# `KVCache`. (The paper's `d_h`, `d_c` and `d_h^R` are our `d_k`, `d_latent` and `d_rope`.
-# DeepSeek-V2 also compresses the queries through a latent of their own, which saves activations
-# in training, not cache, and normalises the latent; we keep a full `W_q` and no norm.) On section 1's layer (64 wide, 8 heads of 8) with a latent of 16 features:
+# not a way to shrink a trained multi-head model's cache for free.
+#
+# `mha_lib.MultiHeadLatentAttention(d_model, num_heads, d_latent)` has the five projections;
+# `LatentCache` is its cache, used like `KVCache`. The paper's `d_h`, `d_c`, `d_h^R` are our
+# `d_k`, `d_latent`, `d_rope`. Unlike DeepSeek-V2 we keep a full `W_q` (their query latent saves
+# training activations, not cache) and no norm on the latent. On section 1's layer (64 wide, 8
+# heads of 8), with a latent of 16:
 
 # %%
 mla = MultiHeadLatentAttention(d_model, H, d_latent=16).to(device).eval()
@@ -524,8 +536,11 @@ print("decoding absorbed, with the LatentCache == one causal forward (within 1e-
 # `(R_i q)ᵀ R_j W_uk[h] c_j = qᵀ R_{j-i} W_uk[h] c_j` (chapter 06: rotations compose into the
 # rotation by the offset). The matrix between query and latent now depends on `j - i`, so no single
 # matrix can be folded into the query: every cached key would have to be rebuilt at every step,
-# or kept rotated in the cache, which brings back the key cache MLA set out to avoid. In numbers, for one head: fold `W_uk[h]` into a rotated query and score the latents,
-# against the scores of the rotated keys:
+# or kept rotated in the cache, which brings back the key cache MLA set out to avoid.
+#
+# Try the naive fold anyway, for one head: fold `W_uk[h]` into a query rotated by its position,
+# score the unrotated latents, and compare with the true scores of the rotated keys. They agree
+# only at key position 0, where RoPE rotates by zero:
 
 # %%
 with torch.no_grad():
@@ -609,8 +624,9 @@ assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1
 # ## Recap
 #
 # - Decoding without a cache recomputes every key and value at every step: `L(L+1)/2`
-#   projections for `L` tokens. A causal layer never changes the keys and values of earlier
-#   tokens, so a **key/value cache** stores them; each step projects only the new tokens.
+#   projections for `L` tokens. A causal layer never changes its outputs at earlier positions,
+#   so no layer's keys and values for earlier tokens change: a **key/value cache** stores them,
+#   and each step projects only the new tokens.
 # - `KVCache()` and `module(x_new, x_new, x_new, cache=cache)`: the new keys and values are
 #   appended, the new queries see every cached position and causally within their chunk (a
 #   lower triangle shifted by `T`), and RoPE positions continue from `len(cache)`. Decoding token

@@ -22,15 +22,13 @@
 # run it, see how the outputs differ from the unrestricted module, and write a few sentences on
 # what changed and what it says about the role of heads.
 #
-# The challenge is not a toy. Telling a head where it may look is one way models handle long
-# inputs. Full attention computes `L × L` scores per head and layer, about 17 billion at
-# `L = 131 072` (128k tokens). Models do pay that: Llama 3.1 and Qwen 2.5 run full attention over
-# 128k-token contexts. What makes it possible is a fused kernel such as flash attention (chapter
-# 09), which never stores the `L × L` weights: the **memory** then grows linearly in `L`, but the
-# **compute** still grows like `L²`, 64 times more for a text 8 times longer. A restriction cuts
-# the compute itself: a head that may look at `W` keys costs `L · W` scores (chapter 10 met the
-# causal sliding window as a way to bound the key/value cache; here it is one restriction among
-# several). So this chapter first builds the restrictions real models use, then sets up the
+# The challenge is not a toy. Restricting where a head may look is one way models handle long
+# inputs. Full attention computes `L × L` scores per head and layer: about 17 billion at
+# `L = 131 072` (128k tokens). Llama 3.1 and Qwen 2.5 pay that over 128k-token contexts with
+# fused kernels such as flash attention (chapter 09), which make the **memory** linear in `L`;
+# the **compute** still grows like `L²`, 64 times more for a text 8 times longer. A head that
+# may look at `W` keys needs only `L · W` scores, if the kernel skips the rest. This chapter
+# builds the restrictions real models use (chapter 10's causal window is one), then sets up the
 # challenge, which you solve in `exercises/11_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
@@ -144,9 +142,14 @@ fig.suptitle(f"Where each query may look (L = {L}; shaded = may attend)")
 plt.show()
 
 # %% [markdown]
-# What a restriction buys is the cost: full attention computes `L` scores per query, a window
-# `W` of them, whatever `L` is. So the work grows like `L · W` instead of `L²`. Here for a
-# two-sided window of `W = 513` keys (256 on each side, about Longformer's window of 512):
+# What a restriction can buy is the cost: full attention computes `L` scores per query, a window
+# `W` of them, whatever `L` is. So the work grows like `L · W` instead of `L²`, with a kernel that
+# skips the blocked scores. A mask alone saves nothing: `mha_lib` (like
+# `F.scaled_dot_product_attention` with a mask) still computes all `L²` scores, then blocks most
+# of them. The saving needs a kernel built for the pattern: Longformer's banded kernel, BigBird's
+# blocks, FlashAttention's `window_size`, FlexAttention's block masks. Here for a two-sided window
+# of `W = 513` keys (Longformer's `w = 512`: 256 on each side, 513 keys counting the query as this
+# course does):
 
 # %%
 W = 513
@@ -158,8 +161,9 @@ for n in (512, 4096, 32768, 131072):
 
 # %% [markdown]
 # The counts for the two longest sequences come from a formula (`W` keys per query, fewer near
-# the ends), since the masks themselves would not fit in memory: a `131072 × 131072` bool mask
-# takes 17 GB. Where the mask fits, the formula agrees with it:
+# the ends), since the masks are too costly to build: at `L = 32 768`, `sliding_window`'s int64
+# offsets `i - j` alone take 8.6 GB, and at 131 072 even the bool mask takes 17 GB. Where the
+# mask is small, the formula agrees with it:
 
 # %%
 for n in (512, 4096):
@@ -173,8 +177,8 @@ print("the formula counts the window mask exactly")
 # keys, in layer 1 token `i` gathers tokens `i - (W - 1)` to `i`; in layer 2 it attends to token
 # `i - (W - 1)`, which already holds what came from `i - 2(W - 1)`. Information moves `W - 1`
 # positions per layer, so after `k` layers up to `k · (W - 1)` positions back: Mistral 7B's
-# argument for its window of `W = 4096` in 32 layers (the paper rounds it to `k · W`, "about
-# 131k tokens").
+# argument for its window of `W = 4096` in 32 layers (the paper's window, `i - W … i`, holds one
+# key more, so it gets exactly `k · W`: 32 · 4096 = 131 072, "about 131k tokens").
 #
 # Which positions reach a token after `k` layers is a product of masks: position `j` reaches
 # query `i` through a middle token `m` when `i` may attend to `m` and `m` (one layer earlier) was
@@ -213,7 +217,8 @@ plt.show()
 # between two heads: one sees the last few positions (a causal window), the other every
 # `s`-th earlier position (strided). Neither head sees much, but inside one layer their outputs
 # are concatenated and mixed by `W_o` (chapter 03), so each position receives both views, and
-# after two layers every earlier position can reach every later one:
+# after two layers every earlier position can reach every later one (this needs the stride to be
+# at most the window; here both are 4):
 
 # %%
 local, stride = sliding_window(L, 4, causal=True), strided(L, 4)  # window of W = 4 keys; every 4th key
@@ -323,9 +328,10 @@ plt.show()
 #    $\sum_j w^{(h)}_{ij}\, v^{(h)}_j$. After the restriction, head 0's output must be a blend of
 #    first-half values only: show it, for instance by changing the second half's values and
 #    watching head 0's blend stay the same for a fixed set of weights.
-# 4. **A trained model.** Chapter 07's sentiment model learned to relate "not" to the word it
-#    negates. Retrain it with restricted heads and measure its accuracy on sentences where "not"
-#    and the sentiment word fall in the same half versus different halves. In a padded batch the
+# 4. **A trained model.** In the runs where chapter 07's sentiment model learned the task, it
+#    combines "not" with the word it negates (it gets the negated sentences right). Retrain it
+#    with restricted heads and measure its accuracy on sentences where "not" and the sentiment
+#    word fall in the same half versus different halves. In a padded batch the
 #    halves must come from each sentence's **own** length: `halves_mask(L)` of the padded length
 #    would put a short sentence entirely in head 0's half and leave head 1 nothing but padding.
 #    (The model's `<cls>` token sits at position 0, so it always belongs to head 0's half.)
@@ -334,12 +340,10 @@ plt.show()
 #    differ by template. Before you credit a gap to the halves, compare sentences of the same
 #    template and length (`mha_lib.sentiment.probes.template_of`, `halves_strata`).
 #
-# Where you start from, before any restriction: chapter 07's model, trained freely, on the three
-# groups of held-out sentences, in every independent two-head run of the course's seed study
-# (`mha_lib.sentiment.load_study()`). Each run has its own seed and its own sentences, so each
-# is one sample. (The study also repeats the two-head runs on a second CPU kernel path, to see
-# how often rounding alone changes a run's outcome; those replicas are the same runs computed
-# again, not samples: they measure no halves, and `independent(run)` leaves them out.)
+# Start from the baseline: chapter 07's model, trained without restriction, tested on the three
+# groups of held-out sentences. Each independent two-head run of the seed study
+# (`mha_lib.sentiment.load_study()`, `independent(run)`) has its own seed and sentences, so each
+# is one sample.
 #
 # The thresholds come from chance, 50% with two balanced labels, never from the results: a run
 # *learned* the task (chapter 07) when it gets 95% or more of the negated and of the plain
