@@ -223,8 +223,10 @@ print("eval mode,  two calls equal:", torch.equal(noisy(x), noisy(x)))
 # - "i [found | did not find] the [long] plot [really] boring [overall]"
 # - "[not] a [really] good film [overall]"
 #
-# with 7 positive and 7 negative sentiment words, and distractors elsewhere ("long", "french",
-# "really", "to me", "at all" only after a "not"). The **label is the sentiment after
+# Each word stands for a slot: *the* is one of {the, this, that}, *movie*, *plot* and *film* one of 10
+# nouns, *was* one of {was, is, seemed, felt}, *long* one of 5 adjectives, *really* one of 4
+# intensifiers, *overall* one of 4 endings (and "at all" after a "not"); *good* and *boring*
+# stand for any of 7 positive and 7 negative sentiment words. The **label is the sentiment after
 # negation**. Half the sentences are negated, so the sentiment word alone gets every negated
 # sentence wrong, and "not" alone says nothing: the model must relate the two words, the point
 # of the book's "The movie was not bad". The held-out sentences differ from the training ones.
@@ -274,9 +276,10 @@ for row in tokens:
 # 3. a final `LayerNorm` (the layer is pre-norm);
 # 4. a linear **classifier** on the vector of `<cls>`: two logits, negative and positive.
 #
-# `<cls>` has no meaning of its own (as in BERT); what its heads bring back is all that changes
-# from one sentence to the next in what the classifier sees. So in this one-layer model only
-# **the `<cls>` row of each attention map reaches the prediction**: that is the row to watch.
+# `<cls>` is the same token at the same position in every sentence (as in BERT), so its vector
+# differs between sentences only through what its attention brings back. In this one-layer
+# model, only **the `<cls>` row of each attention map reaches the prediction**: that is the row
+# to watch.
 # (The model also accepts an extra mask, e.g. one per head; chapter 11 uses it.)
 
 # %%
@@ -299,8 +302,8 @@ print("attention weights:", len(weights), "layer(s) of", tuple(weights[0].shape)
 # operations are too small to share out).
 #
 # **One run is one sample.** Another seed gives another model, and so can another machine: a
-# different CPU rounds some sums differently, and over 750 optimizer steps that can change the
-# run's path. So this chapter never tells you what *your* run printed. It quotes a **seed study**
+# different CPU may run different kernels (AVX-512 or plain C++) that add numbers in a different
+# order, and over 756 optimizer steps the rounding can change the run's path. So this chapter never tells you what *your* run printed. It quotes a **seed study**
 # (`mha_lib/sentiment/study.json`; `make study` re-runs it):
 #
 # - **independent runs**: run *s* seeds its weights with *s* and draws its own sentences with
@@ -486,8 +489,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Five sentences can mislead, so let's **measure**. The held-out sentences fall into four groups,
-# "good", "bad", "not good" and "not bad" (+ and −: the sentiment word's polarity).
+# Five sentences can mislead, so let's **measure**. The held-out sentences fall into four groups:
+# `plain+` ("good"), `plain-` ("bad"), `negated+` ("not good", label negative) and `negated-`
+# ("not bad"). The + and − are the sentiment word's own polarity, not the label.
 # `attention_shares` averages, per group and head, `<cls>`'s share on itself, on "not", on the
 # sentiment word and on other words.
 
@@ -540,9 +544,13 @@ def word_group(run):
 won = [run for run in two_heads if learned(run)]
 print("runs that learned, by their negation head:", dict(Counter(f"head {negation_head_of(r)}" for r in won)))
 print("... by where their other head brings the sentiment word:", dict(Counter(map(word_group, won))))
+assert {negation_head_of(r) for r in won} == {0, 1}  # either head can take either job
+assert {"not good", "not bad"} <= set(map(word_group, won))  # and both negated groups occur
 
 # %% [markdown]
-# Both are chance. Over the study's runs that learned, one dot per run ("other head on the
+# Which head becomes the negation head can only depend on the seed: the two heads' starting
+# weights are drawn alike, and either head takes either job. Both negated groups occur too.
+# Over the study's runs that learned, one dot per run ("other head on the
 # sentiment word": the higher of "not good" and "not bad"):
 
 # %%
@@ -569,7 +577,8 @@ print(findings_table(study, ["a negation head", "the other head brings the senti
 # %% [markdown]
 # In most runs that learned, the negation head has a role for "not", and the other head one for
 # the sentiment word in "not good" or in "not bad" (in both, in only some runs). In the other
-# group it looks at "not" (the dots near 50%), so "not good" and "not bad" send `<cls>`
+# group it looks at "not". The plot's column averages both negated groups, so about 100% in one
+# and about 0% in the other gives the dots near 50%: "not good" and "not bad" send `<cls>`
 # different tokens. In plain sentences, in most runs, the negation head brings the sentiment
 # word in "good" or in "bad" sentences.
 #
@@ -624,7 +633,7 @@ for who, head in (("negation", negation_head), ("other", other_head)):
         ablation[who, how] = {name: r.float().mean().item() for name, r in right.items()}
         print(f"{f'{how}-ablation, {who} head':33}"
               + "".join(f"{a:9.0%}" for a in ablation[who, how].values()))
-assert ablation["other", "mean"]["negated"] < base["near_chance"]  # as in every run of the study
+assert ablation["other", "mean"]["negated"] < base["near_chance"]  # as in every study run that learned
 
 # %% [markdown]
 # Over the study (dashed line: near chance):
@@ -655,8 +664,8 @@ print(findings_table(study, [f"{how}-ablating the {who} head: {group} near chanc
 #   every run that learned (zeroed, in most): the model can no longer tell "not good" from "not
 #   bad". Asserted on your model above.
 # - **The negation head**: without it, plain sentences fall near chance in most runs, by all
-#   three methods, while negated sentences mostly survive: its name says where it looks, not
-#   what it is needed for.
+#   three methods; mean-ablated, it leaves negated sentences above near chance in most runs:
+#   its name says where it looks, not what it is needed for.
 # - **The methods disagree**: on the negation head and negated sentences, zero and resample
 #   both cost more than mean in most runs. Zeros are a report the head never gives; a resampled
 #   report is about another sentence. Each measures something different: name yours with the
@@ -736,7 +745,8 @@ print(f"your model without its feed-forward network: "
 # %% [markdown]
 # In negated sentences, the other head pushes toward the right label more than the negation head
 # in most runs, as the ablations said. The feed-forward term pushes toward it in every group of
-# every run, yet switched off (`feed_forward_off`) most models still learned. Attribution asks
+# every run, yet with it switched off after training (`feed_forward_off`), most models still
+# reach 95% on both groups. Attribution asks
 # what a term contributes, ablation what the model needs.
 #
 # ## 8. How many heads does the task need?
@@ -776,7 +786,10 @@ for x, H_ in enumerate((1, 2, 4, 8)):
     values = [r["heads"]["accuracy"]["negated"] for r in runs]
     ax.scatter(x + rng.uniform(-0.2, 0.2, len(values)), values, s=14, alpha=0.6, linewidths=0,
                color=["tab:blue" if learned(r) else "tab:orange" for r in runs])
-ax.axhline(0.5, color="grey", ls=":", lw=1)
+ax.axhline(0.5, color="grey", ls=":", lw=1, label="chance (50%)")
+ax.axhline(base["learned_at"], color="tab:blue", ls="--", lw=1, label=f"learned ({base['learned_at']:.0%})")
+ax.axhline(base["near_chance"], color="tab:orange", ls="--", lw=1, label=f"near chance (< {base['near_chance']:.1%})")
+ax.legend(fontsize=8, loc="lower right")
 ax.set_xticks(range(4), [f"H = {H_}\nd_k = {48 // H_}" for H_ in (1, 2, 4, 8)])
 ax.set(ylabel="held-out accuracy, negated", ylim=(-0.03, 1.03),
        title="One dot per independent run (blue: learned; orange: did not)")
@@ -784,12 +797,11 @@ ax.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
 plt.show()
 
 # %% [markdown]
-# (Orange dots high up: runs whose plain sentences fell short.)
+# (Orange dots at or above 95%: runs whose plain sentences fell short.)
 #
 # - **One head never learned**, and stayed near chance on negated sentences in most runs,
 #   although it is the widest.
-# - **More heads learned more often**: most runs with two or four, all with eight, with 6
-#   features each. A head whose `d_k` is below the sequence length cannot form every attention
+# - **One head: none learned; two or four: most; eight (6 features each): all.** A head whose `d_k` is below the sequence length cannot form every attention
 #   pattern (Bhojanapalli et al., 2020); here that did not stop them.
 # - **Roles spread**: two or more heads look at "not" in some 4-head and most 8-head runs, yet
 #   mean-ablating one head leaves a group near chance in every 2- and 4-head run and most
@@ -806,8 +818,8 @@ plt.show()
 print(findings_table(study))
 
 # %% [markdown]
-# Chance decides which head becomes the negation head, which negated group the other head
-# brings the word in, and, in a few seeds, whether a run learns on a given CPU. The heads do
+# The seed decides which head becomes the negation head and in which negated group the other
+# head brings the word; in a few seeds, the CPU decides whether a run learns. The heads do
 # specialize, less cleanly than detectives; only counts over independent runs, against
 # thresholds fixed in advance, tell the model from the accident.
 
@@ -824,7 +836,7 @@ print(findings_table(study))
 # - **Zero-, mean- and resample-ablation** can disagree: report which you used. **Direct logit
 #   attribution** splits the logit difference into terms (embedding, each head, `W_o`'s bias,
 #   feed-forward), the LayerNorm scale frozen.
-# - One wide head never learned this task; eight narrow ones always did.
+# - One wide head never learned this task; eight narrow ones learned in all 24 runs.
 #
 # ## Exercises
 #

@@ -159,7 +159,7 @@ print("weights:", len(weights), "layers of", tuple(weights[0].shape), "(B, H, L,
 # so it splits into one term per head: head `h`'s output times its own slice of `W_o` (plus the
 # bias, which belongs to no head). `head_outputs` returns those terms, `(B, H, L, D)` per layer;
 # they add up to the layer's output. This is what lets a later head *read* an earlier one, and
-# what lets us *remove* one head from one place (section 6).
+# what lets us *remove* one head from one place (section 5).
 
 # %%
 with torch.no_grad():
@@ -210,10 +210,11 @@ one_phase = phase_change_step(one_history, base["phase_threshold"])
 assert one_phase is None  # held in every run of the study (below), and section 7 says why
 
 # %% [markdown]
-# On the course's machine the two-layer loss sits near $\ln 64$ for about 450 steps, then
-# **drops below the threshold within about 70 steps** and settles near 1 nat: a phase change, the shape Olsson et
-# al. found in models thousands of times larger. The one-layer loss creeps down a little and
-# stays there.
+# Your two-layer loss most likely sits near $\ln 64$ for a few hundred steps, then **drops below
+# the threshold** and settles near 1 nat: a phase change, the shape Olsson et al. found in models
+# thousands of times larger. The one-layer loss creeps down a little and stays there. When the
+# drop comes differs between seeds, and between machines for one seed (chapter 07 says why);
+# the study below counts both.
 #
 # **One run is one sample.** The **seed study** (`mha_lib/induction/study.json`; `make study`
 # re-runs it) trained both models from 24 seeds, each run with its own initialisation *and* its
@@ -289,7 +290,8 @@ for layer in range(2):
 # key right after `[A]`, the token that came next last time. In layer 1, heads 1 and 2 look
 # from `<A>` at the earlier `[A]` itself; elsewhere head 1 looks mostly at its own position,
 # while heads 0 and 3 spread their weight over the past. To say this for every head and every
-# sequence, not one picture, we define scores **before looking at any model**, each a mean
+# sequence, not one picture, we use scores **fixed in advance** (in `scores.py`), with
+# thresholds from baselines alone, each a mean
 # attention weight on one chosen key, and put each next to what a head attending **uniformly**
 # to the past would score:
 #
@@ -298,7 +300,7 @@ for layer in range(2):
 # - **induction**: in the second copy, query `<A>` → the key right after the earlier `[A]`.
 #
 # The last two use the queries `second` to `second + n − 2` of each sequence, the second copy
-# but its last token (whose successor is not in the first copy). A uniform head at query `t`
+# except its last token (whose successor is not in the first copy). A uniform head at query `t`
 # gives each of its `t + 1` keys weight `1/(t + 1)`, so its score is the mean of `1/(t + 1)`
 # over the scored queries; as the second copy sits late in the sequence, that is smaller for
 # the induction score than for the previous-token score.
@@ -322,6 +324,7 @@ for ax, (key, name, u, thr) in zip(axes, [
     plot_scores(ax, [layer[key] for layer in measured["scores"]], u, thr, title=f"{name} score",
                 study_scores=study.values(lambda r: [s for layer in r["scores"] for s in layer[key]], where=changed))
 axes[0].legend(fontsize=7, loc="upper left")
+axes[0].set_ylabel("mean weight on the chosen key")
 plt.show()
 
 # %% [markdown]
@@ -347,8 +350,9 @@ assert all(check_findings(shipped).values())  # the shipped model is one of thos
 
 # %% [markdown]
 # In every run that changed phase, **all four heads of layer 2 are induction heads**. The
-# textbook circuit would put a **previous-token head** in layer 1 to feed them; **no run has
-# one** (every layer-1 head scores *below* uniform attention there). What layer 1 has instead,
+# textbook circuit (Elhage et al.) puts a **previous-token head** in layer 1, which writes "the
+# token before me was A" at each position, and layer 2's keys read it (section 6 shows how).
+# **No run has one** (every layer-1 head scores *below* uniform attention there). What layer 1 has instead,
 # in every run that changed phase, is a **duplicate-token head**: from `<A>` it attends to the
 # earlier `[A]`. None of this is there before training: no head of any untrained model reaches
 # a threshold.
@@ -367,6 +371,8 @@ for layer, row in enumerate(measured["ablation"]):
 # the numbers the next sentences quote, to within what a machine's last digits can move
 assert abs(measured["loss"]["predictable"] - 0.92) < 0.01 and abs(measured["ablation"][0][1] - 2.98) < 0.01
 assert abs(max(measured["ablation"][1]) - 1.58) < 0.01 and max(measured["ablation"][1]) < measured["ablation"][0][1]
+duplicate = measured["scores"][0]["duplicate"]  # layer 1's duplicate-token scores, head by head
+assert abs(duplicate[1] - 0.91) < 0.01 and abs(duplicate[2] - 0.81) < 0.01
 
 # %% [markdown]
 # Silencing the stronger duplicate-token head (layer 1, head 1) takes the loss from 0.92 to
@@ -394,8 +400,10 @@ assert both > max(one_layer_losses)  # no better than a model that cannot copy
 # keys and its values. Because the stream is a sum, we can subtract one layer-1 head's term
 # from **one** of those inputs only and leave everything else as it was:
 # `model(tokens, remove_from={"k": [(0, h)]})` removes layer 1's head `h` from layer 2's keys.
-# If the loss rises, layer 2 reads that head through its keys: **K-composition** (and likewise
-# **Q-** and **V-composition**, Elhage et al.).
+# If the loss rises, layer 2 *reads* that head through its keys; if it rises back above half of
+# $\ln 64$, layer 2 *needs* it there. The study counts the second: **K-composition** (and
+# likewise **Q-** and **V-composition**, Elhage et al.). Each line also gives the highest
+# induction score left among layer 2's heads.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -405,15 +413,17 @@ for which, name in (("q", "queries"), ("k", "keys"), ("v", "values")):
           + "   best layer-2 induction score " + " ".join(f"{x:.2f}" for x in parts["best_induction"]))
 
 # %%
-for name in ("learned: layer 2 needs it in its queries", "learned: no layer-1 head is needed in the keys"):
+for name in ("learned: layer 2 needs it in its queries", "learned: no layer-1 head is needed in the keys",
+             "learned: no layer-1 head is needed in the values"):
     print(f"{name}: {counts[name][0]} of {counts[name][1]} runs that changed phase")
 assert counts["learned: layer 2 needs it in its queries"] == (19, 19)
 assert counts["learned: no layer-1 head is needed in the keys"] == (19, 19)
+assert counts["learned: no layer-1 head is needed in the values"] == (19, 19)
 
 # %% [markdown]
 # Removed from layer 2's **queries** alone, the duplicate-token head takes the loss back above
 # half of $\ln 64$, in every run that changed phase; removed from the **keys**, no layer-1 head
-# does, in any of them; the values barely notice. So these models compose through the
+# does, in any of them, nor from the **values**. So these models compose through the
 # **queries**: **Q-composition**, not the K-composition of the textbook circuit.
 #
 # A reading of how that works, which the next section puts to a test: at `<A>`, the
@@ -485,10 +495,12 @@ assert study.values(lambda r: (r["seed"], r["phase_change"]), where=lambda r: ro
 assert sorted(rotary_phases)[-2] == 1710  # seed 9 changed phase second to last
 
 # %% [markdown]
-# So which circuit a model needs depends on what its stream carries: given absolute positions,
-# these models take the pointer route; without them, the textbook one. Most open language models
-# today use rotary positions (chapter 06); whether large models learn the same circuit, this
-# small study cannot say.
+# With learned positions, these models read a duplicate-token head through their queries; with
+# rotary positions, 9 in 10 learn the textbook circuit. That fits the pointer reading, but the
+# rotary runs also differ in how heads see distance and in training 2,400 steps, so this
+# comparison alone does not show that positions in the stream are the cause. Most open language
+# models today use rotary positions (chapter 06); whether large models learn the same circuit,
+# this small study cannot say.
 #
 # ## 7. Why one layer cannot, and what this has to do with in-context learning
 #
@@ -498,7 +510,8 @@ assert sorted(rotary_phases)[-2] == 1710  # seed 9 changed phase second to last
 # or the query must know *where* the earlier `A` is (only a head can find it: Q-composition).
 # With one layer there is no earlier head, so no run got there. What one layer can learn is that
 # tokens already in the context are likelier than others (the repeated tokens all occurred
-# before), which is worth a little:
+# before), which is worth a little, and which it pays for on the tokens that can't be predicted
+# (their loss rises above $\ln 64$):
 
 # %%
 one_final = study.span(lambda r: r["loss"]["predictable"], where=learned(1))
@@ -507,6 +520,9 @@ print(f"one layer, after 800 steps: {one_final[0]:.2f} to {one_final[1]:.2f} nat
       f"{min(study.values(lambda r: r['loss']['predictable'], where=changed)):.2f} to "
       f"{max(study.values(lambda r: r['loss']['predictable'], where=changed)):.2f})")
 assert counts["one layer: no induction head"] == (24, 24)
+one_other = study.span(lambda r: r["loss"]["other"], where=learned(1))
+print(f"one layer, the other tokens: {one_other[0]:.2f} to {one_other[1]:.2f} nats (no copying: {base['no_copy_loss']:.2f})")
+assert one_other[0] > base["no_copy_loss"] > one_final[1]  # in-context tokens likelier, the others less likely
 
 # %% [markdown]
 # **In-context learning.** The sequences are random: no model can have memorised what follows a
@@ -527,8 +543,8 @@ assert counts["one layer: no induction head"] == (24, 24)
 #   **ablation**, of a whole head or of one input only, says what the model needs.
 # - With learned positions in the stream, these models find the earlier token with a
 #   duplicate-token head read by the queries; with rotary positions, 9 runs in 10 learn the
-#   textbook previous-token head read by the keys. Which circuit appears is itself a finding, measured over
-#   independent runs.
+#   textbook previous-token head read by the keys. Which circuit appears is itself a finding,
+#   measured over independent runs.
 #
 # ## Exercises
 #

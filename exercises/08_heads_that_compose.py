@@ -22,8 +22,8 @@
 # 2. the two scores that say what a head does: previous-token and induction;
 # 3. ablation: the loss of the model with each head silenced in turn.
 #
-# Then you train a two-layer attention-only model, measure every head with your three tools, and
-# say which heads do the work.
+# Then you load chapter 08's trained two-layer model, measure every head with your three tools,
+# and say which heads do the work.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if

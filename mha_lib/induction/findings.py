@@ -67,6 +67,8 @@ FINDINGS: dict[str, tuple[Callable[[Run], bool], Callable[[Run], bool]]] = {
         lambda r: r["composition"]["q"]["loss"][top_head(r, 0, "duplicate")] >= _base(r)["phase_threshold"]),
     "learned: no layer-1 head is needed in the keys": (
         _is("learned", 2, changed=True), lambda r: max(r["composition"]["k"]["loss"]) < _base(r)["phase_threshold"]),
+    "learned: no layer-1 head is needed in the values": (
+        _is("learned", 2, changed=True), lambda r: max(r["composition"]["v"]["loss"]) < _base(r)["phase_threshold"]),
     "rotary: two layers change phase": (_is("rotary", 2), lambda r: r["phase_change"] is not None),
     "rotary: all four layer-2 heads are induction heads": (_is("rotary", 2, changed=True), _all_induction_heads),
     "rotary: a previous-token head in layer 1": (
@@ -95,6 +97,7 @@ STATED: dict[str, tuple[int, int]] = {
     "learned: a duplicate-token head in layer 1": (19, 19),
     "learned: layer 2 needs it in its queries": (19, 19),
     "learned: no layer-1 head is needed in the keys": (19, 19),
+    "learned: no layer-1 head is needed in the values": (19, 19),
     "rotary: two layers change phase": (10, 10),
     "rotary: all four layer-2 heads are induction heads": (9, 10),
     "rotary: a previous-token head in layer 1": (9, 10),
