@@ -21,13 +21,15 @@
 # have different lengths, a text generator must not read the words it has not written yet,
 # and a translator reads one sentence while it writes another. All three are handled by two
 # small things: **masks**, which say which keys a query may look at, and **cross-attention**,
-# in which the queries come from one sequence and the keys and values from another.
+# in which the queries come from one sequence and the keys and values from another. Chapter 01
+# built padding and causal masks for one attention function; here they go into
+# `MultiHeadAttention` for a real batch, and we meet the queries a mask leaves with nothing.
 #
 # **By the end of this chapter you will be able to**
 #
 # - pad a batch of sentences of different lengths and build its `(B, 1, 1, Lk)` padding mask,
 #   and explain how it broadcasts against the scores `(B, H, Lq, Lk)`;
-# - prove that padding cannot change a real token's output, and that a causal mask keeps a
+# - check that padding cannot change a real token's output, and that a causal mask keeps a
 #   future token from changing earlier outputs;
 # - combine a causal mask with a padding mask using `&`;
 # - run cross-attention, where `Lq` differs from `Lk`, and mask the padding of the source;
@@ -37,8 +39,8 @@
 #
 # *Sources.* *Transformers in Action* (Manning), section 2.2, places multi-head attention in
 # an encoder layer that can be given an attention mask, and its listing 2.4 masks with
-# `masked_fill(mask == 0, -1e9)`; section 5 looks at that choice closely. The translation
-# example of section 3 comes from Priyesh Dave's post "Day 28: Multi-Head Attention" (DEV
+# `masked_fill(mask == 0, -1e9)`; this chapter's section 5 looks at that choice closely. The
+# quotation in section 3 comes from Priyesh Dave's post "Day 28: Multi-Head Attention" (DEV
 # Community): "when generating a word in French, the model can focus on the related English
 # word in the input". Cross-attention between an encoder and a decoder is from Vaswani et
 # al., "Attention Is All You Need" (2017), section 3.2.3.
@@ -123,8 +125,9 @@ print(keep[:, 0, 0].int().cpu())
 
 # %% [markdown]
 # The scores have shape `(B, H, Lq, Lk)`. PyTorch lines the two shapes up **from the right**
-# and stretches every size-1 axis to match, without copying: the two 1s of the mask stand for
-# "the same for every head" and "the same for every query". So each query of each head of
+# (a shape with fewer axes gets size-1 axes added on its left) and stretches every size-1 axis
+# to match, without copying: the two 1s of the mask stand for "the same for every head" and
+# "the same for every query". So each query of each head of
 # sentence `b` sees the key row of sentence `b`.
 
 # %%
@@ -135,6 +138,7 @@ print("broadcast:", tuple(torch.broadcast_shapes(keep.shape, weights.shape)))
 print("\nthe mask as seen by sentence 1, head 0 (rows = queries, columns = keys):")
 print(keep.expand_as(weights)[1, 0].int().cpu())
 print("output:", tuple(out.shape))
+assert (weights[1, :, :, 3:] == 0).all()  # sentence 1's three <pad> keys get exactly 0
 
 # %% [markdown]
 # Here is what the two heads do with "I loved it" and its three `<pad>` tokens. No query
@@ -148,8 +152,9 @@ plot_attention(weights[1], padded[1], title="Padding mask: no query attends to <
 plt.show()
 
 # %% [markdown]
-# **Proof that padding can't matter.** If the mask works, the padding vectors could be
-# anything at all, and the real tokens' outputs would not change. Let's replace every padding
+# **Test: padding can't matter.** If the mask works, the padding vectors could be any finite
+# numbers, and the real tokens' outputs would not change (NaN or inf would not do: a weight of
+# 0 times NaN is NaN, as section 4 shows). Let's replace every padding
 # vector by large random garbage and compare. As a control, we do the same without the mask,
 # where the outputs must change (otherwise the test would prove nothing).
 
@@ -158,9 +163,10 @@ is_real = keep[:, 0, 0]  # (B, L): True for real tokens
 garbage = 100 * torch.randn(x.shape).to(device)
 x_garbage = torch.where(is_real[..., None], x, garbage)  # same real tokens, new padding
 
-unchanged = torch.allclose(mha(x_garbage, x_garbage, x_garbage, mask=keep)[is_real], out[is_real], atol=1e-5)
-no_mask = mha(x, x, x)
-changed_without_mask = not torch.allclose(mha(x_garbage, x_garbage, x_garbage)[is_real], no_mask[is_real], atol=1e-5)
+masked_garbage = mha(x_garbage, x_garbage, x_garbage, mask=keep)
+unchanged = torch.allclose(masked_garbage[is_real], out[is_real], atol=1e-5)
+unmasked_garbage = mha(x_garbage, x_garbage, x_garbage)
+changed_without_mask = not torch.allclose(unmasked_garbage[is_real], mha(x, x, x)[is_real], atol=1e-5)
 assert unchanged and changed_without_mask
 print("with the padding mask, real tokens' outputs unchanged:", unchanged)
 print("without it, real tokens' outputs changed:             ", changed_without_mask)
@@ -197,7 +203,7 @@ plt.show()
 # Every row still sums to 1, and the first token attends only to itself. With padding at the
 # end, a `<pad>` query still has the real tokens before it to look at (the last row).
 #
-# **Proof that the future can't leak.** Change one word, "not" to "very" (position 3 of
+# **Test: the future can't leak.** Change one word, "not" to "very" (position 3 of
 # the first sentence). With the causal mask the outputs at positions 0 to 2 must stay exactly
 # as they were; positions 3 and 4 can see the change and should move. Without the causal mask
 # (padding mask only), every real position sees every other, so everything moves.
@@ -314,8 +320,8 @@ plt.show()
 # "is" (fourth of five), both with 0.58; each gives only 0.35 to "cat". That is the
 # point of having several heads: each one can look for a different relationship, and a
 # trained model learns which ones help. Since $W_v$ and $W_o$ are the identity here, head 0's
-# output for "noir" is the meaning vector of "black": the French word has fetched the
-# English one.
+# output for "noir" is almost (0.97) the meaning vector of "black": the French word has fetched
+# the English one.
 
 # %%
 print(f"{'':19s} {'meaning fetched (the, cat, black, sleep)'}")
@@ -331,9 +337,10 @@ assert [english_words[0][j] for j in weights_tr[0, 0, :3].argmax(-1).tolist()] =
 # `(B, 1, 1, Lk)`, which broadcasts over the heads and over all `Lq` French queries. (The
 # French `<pad>` query in the last row needs no mask: like any padding query, its output is
 # ignored later.) Without the mask, head 0 gives some attention to the padding, which here
-# scores 0 like any unrelated word; with it, none. Our hand-set head is so sure of itself
-# that the padding only gets 0.01 per key; a trained model is less sharp, and its padding
-# vectors are not zeros, so unmasked padding can take much more.
+# scores 0 like any unrelated word; with it, none. Our hand-set head is so sure of itself that
+# each real French word gives each padding key only 0.01 (the `<pad>` query's zero vector
+# spreads evenly, 0.2 per key); a trained model is less sharp, and its padding vectors are not
+# zeros, so unmasked padding can take much more.
 
 # %%
 src_keep = padding_mask(src_lengths, max_len=5).to(device)  # (B, 1, 1, Lk)
@@ -355,7 +362,8 @@ plt.show()
 # A mask can block **every** key of some query. What should its output be? The textbook
 # recipe (set blocked scores to $-\infty$, then softmax) has no answer: every
 # $e^{-\infty}$ is 0, and the softmax divides by their sum, $0/0$. In floating point that
-# is NaN, "not a number".
+# is NaN, "not a number". (`torch.softmax` subtracts the row's maximum first, and
+# $-\infty - (-\infty)$ is NaN as well.)
 
 # %%
 print(torch.softmax(torch.tensor([float("-inf")] * 4), dim=-1))
@@ -565,9 +573,10 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
 
 # %% [markdown]
 # The usual portable substitute is `torch.finfo(dtype).min`, the most negative number the
-# dtype can hold. It fits, but it keeps both of `-1e9`'s habits: a fully masked row still
-# averages its blocked keys uniformly (second row below), and it sits at the very edge of the
-# range, so *adding* it to a negative score (an additive mask) overflows to $-\infty$.
+# dtype can hold. It fits, but a fully masked row still averages its blocked keys uniformly
+# (second row below), as with `-1e9`. And because it sits at the edge of the range, *adding* it
+# to a negative score (an additive mask) overflows to $-\infty$, which brings back the NaN of a
+# fully masked row.
 
 # %%
 smallest = torch.finfo(torch.float16).min
@@ -589,7 +598,7 @@ print("-20 + finfo(float16).min =", (torch.tensor(-20.0, dtype=torch.float16) + 
 #
 # - A **padding mask** `padding_mask(lengths)` has shape `(B, 1, 1, Lk)` and broadcasts over
 #   heads and queries against scores `(B, H, Lq, Lk)`. With it, the padding vectors can be
-#   anything: the real tokens' outputs don't change.
+#   any finite numbers: the real tokens' outputs don't change.
 # - A **causal mask** `causal_mask(L)` is a lower triangle; `causal & padding` gives
 #   `(B, 1, L, L)`. With it, changing a token changes no earlier output.
 # - **Cross-attention** is `mha(target, source, source)`: queries from one sequence, keys and

@@ -20,8 +20,8 @@
 # with masks and cross-attention. Every shape came out right. But right shapes prove little:
 # a missing $1/\sqrt{d_k}$, a softmax over the wrong axis or an inverted mask all give tensors
 # of exactly the right shape, no error and plausible-looking numbers. This chapter shows how
-# to *prove* that an attention implementation computes what it should, by comparing it with
-# an independent one: PyTorch's own.
+# to *test* convincingly that an attention implementation computes what it should, by comparing
+# it with an independent one: PyTorch's own.
 #
 # **By the end of this chapter you will be able to**
 #
@@ -38,13 +38,11 @@
 # The first three points are part 1 (sections 1 to 5); the last two, gradients and
 # tolerances, are part 2 (sections 6 and 7), which you may take in a second sitting.
 #
-# **Why bother?** A course whose attention is wrong teaches the wrong thing, and the code
-# of a wrong attention runs just as smoothly as the code of a right one. Good small
-# codebases earn trust by checking against a reference: Karpathy's minGPT loads the released
-# GPT-2 weights into its own model, and a test checks that its logits equal those of the
-# Hugging Face implementation. An inverted mask, for example, runs, has the right shapes and
-# gives wrong outputs; one comparison with PyTorch's function (section 5) catches it at once.
-# Here you learn to write such comparisons and to read their results.
+# **Why bother?** Good small codebases earn trust by checking against a reference: Karpathy's
+# minGPT loads the released GPT-2 weights into its own model, and a test checks that its logits
+# match those of the Hugging Face implementation within a tolerance (`torch.allclose`; section 7
+# explains why not `==`). One comparison with PyTorch (section 5) catches an inverted mask at
+# once. Here you learn to write such comparisons and to read their results.
 #
 # *Sources.* The attribute names `W_q, W_k, W_v, W_o` and the mask convention (`mask == 0`
 # means blocked) follow listing 2.4 of *Transformers in Action* (Manning), section 2.2.3. The
@@ -140,8 +138,9 @@ for module in (ours, theirs):
 #
 # `torch_twin(ours)` builds an `nn.MultiheadAttention` holding exactly our weights, on the
 # same device and with the same dtype. `torch.cat` stacks $W_q, W_k, W_v$ along the rows, which
-# is the layout of `in_proj_weight`. The copies run under `torch.no_grad()`, because copying
-# into a parameter is not part of any computation we want gradients for.
+# is the layout of `in_proj_weight`. The copies run under `torch.no_grad()`: an in-place write
+# into a parameter that requires grad is an error otherwise, and a copy is not a computation we
+# want gradients for.
 
 # %%
 def torch_twin(ours: MultiHeadAttention) -> nn.MultiheadAttention:
@@ -462,8 +461,10 @@ for name, args, kwargs in cases:
 
 # %% [markdown]
 # `is_causal=True` lines up query $i$ with key $i$ from the top-left corner. For `Lq ≠ Lk`
-# (for example, a few new tokens attending to a long cache) that is rarely the mask you want:
-# build it yourself and pass it as `attn_mask`.
+# (for example, a few new tokens attending to a long cache) that is rarely the mask you want.
+# Build it yourself, aligned bottom-right, and pass it as `attn_mask`:
+# `torch.ones(Lq, Lk, dtype=torch.bool).tril(diagonal=Lk - Lq)` (for `Lq = 3, Lk = 4` that is
+# `causal_mask(4)[1:]`).
 #
 # The same comparison catches the mask mistake of section 4 in reverse: give
 # `F.scaled_dot_product_attention` a mask written in `nn.MultiheadAttention`'s convention and
@@ -629,7 +630,8 @@ print("gradcheck, fixed backward:", torch.autograd.gradcheck(FixedScaledScores.a
 
 # %% [markdown]
 # With the default `raise_exception=True`, the error names the culprit: output 0 (the only
-# one) with respect to input 0, which is `q`; input 1 (`k`) passed. The full message goes on
+# one) with respect to input 0, which is `q`. gradcheck stops at the first mismatch, so it says
+# nothing about `k` (whose backward is in fact correct). The full message goes on
 # with both Jacobians; we print its first line, and then compare the two Jacobians' entries
 # ourselves. `torch.autograd.functional.jacobian(f, x)` builds the Jacobian of `f` at `x`
 # with autograd, so it runs our hand-written backward: its entries are exactly
@@ -739,8 +741,9 @@ for dtype, (low, high) in bounds.items():
     assert in_range(d_ours) and in_range(d_fused) and d_between < high
 
 # %% [markdown]
-# Each dtype lands where its epsilon says. The **measured differences**, relative to the
-# largest output, are a few times $10^{-16}$ in float64, about $10^{-7}$ in float32 (a sum of
+# Each dtype lands where its epsilon says. On the course's machine the **measured
+# differences**, relative to the largest output, were a few times $10^{-16}$ in float64, about
+# $10^{-7}$ in float32 (a sum of
 # $d_k = 32$ or $L = 64$ terms is a few epsilons off, not $L$ epsilons, because rounding
 # errors partly cancel) and a few times $10^{-3}$ in bfloat16, which keeps 8 significant bits
 # (7 stored): rounding one number to bfloat16 alone can move it by $4 \cdot 10^{-3}$ of its
@@ -812,8 +815,9 @@ print("float32, default tolerances:  ",
 # attention in float32, each compared with `F.scaled_dot_product_attention`: the correct one,
 # and four mutations. Three are the classics (no $1/\sqrt{d_k}$, the mask transposed so the
 # future is visible, the softmax over the queries instead of the keys); the fourth is subtle:
-# a mask that blocks with a finite $-10$ instead of $-\infty$, so a sliver
-# ($\approx e^{-10}$ per blocked key, before normalization) of each future token leaks in.
+# a mask that blocks with a finite $-10$ instead of $-\infty$, so a sliver of each future
+# token leaks in: $e^{-10}$ *relative to* the allowed keys' $e^{\text{score}}$. Query 0 has one
+# allowed key, perhaps with a low score, against 15 blocked ones, so it leaks most.
 
 # %%
 def attention(q, k, v, mask, *, scale=True, softmax_dim=-1, blocked=float("-inf")):
@@ -910,7 +914,7 @@ plt.show()
 #
 # ## What comes next
 #
-# Our module is now proven equal to PyTorch's, forwards and backwards. Before we train it,
+# Our module now agrees with PyTorch's, forwards and backwards, on every case we tried. Before we train it,
 # **chapter 06** closes what chapter 02 left open: attention alone cannot see word order. It
 # adds positions to the embeddings (the learned table the trained models of chapters 07 and 08
 # use), then builds the rotary positions (RoPE) that today's language models apply inside every

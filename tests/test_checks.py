@@ -475,6 +475,12 @@ def test_mask_conversion_checks():
     expect_pass(checks.check_key_padding_mask_for_torch(lambda keep: keep.squeeze(1).squeeze(1).logical_not()))
     expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: keep[:, 0, 0]), "not inverted")
     expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: ~keep), "drop the two middle axes")
+    # a float mask of 0 and -inf is also right (PyTorch adds it to the scores), also with no padding at all
+    expect_pass(checks.check_key_padding_mask_for_torch(
+        lambda keep: torch.zeros(keep[:, 0, 0].shape).masked_fill(~keep[:, 0, 0], float("-inf"))))
+    expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: (~keep[:, 0, 0]).float()), "0s and 1s")
+    expect_fail(checks.check_key_padding_mask_for_torch(lambda keep: (~keep[:, 0, 0]).long()), "dtype torch.int64")
+    expect_fail(checks.check_attn_mask_for_torch(lambda m: ~m.T), "inverted and transposed", "don't transpose")
 
 
 # ------------------------------------------------------------------ every check on the basics

@@ -116,10 +116,15 @@ def check_attn_mask_for_torch(fn: Callable[[Tensor], Any]) -> CheckResult:
                 raise fail(f"{label} came back as 0s and 1s in floating point",
                            "A float attn_mask is *added* to the scores: return a bool mask (True = blocked), "
                            "or 0 and -inf.")
+            if converted.dtype == torch.bool and torch.equal(converted, ~allowed.T) and \
+                    not torch.equal(converted, ~allowed):
+                raise fail(f"{label} came back inverted and transposed",
+                           "Rows are queries and columns are keys in both libraries: invert, don't transpose.")
             if converted.is_floating_point():
                 converted = converted.double()
             if not close(_torch_out(model, x, attn_mask=converted), multi_head(w, x, x, x, allowed, H)[0]):
-                raise fail(f"nn.MultiheadAttention with your converted {label} gives different outputs", CONVENTION_HINT)
+                raise fail(f"nn.MultiheadAttention with your conversion of {label} gives different outputs",
+                           CONVENTION_HINT)
         return "nn.MultiheadAttention applies your masks like mha_lib (causal and random)"
 
     return run_check("attn_mask for nn.MultiheadAttention", body)
@@ -138,7 +143,20 @@ def check_key_padding_mask_for_torch(fn: Callable[[Tensor], Any]) -> CheckResult
             if isinstance(got, Tensor) and got.shape == keep.shape:
                 raise fail(f"the result has shape {tuple(got.shape)}, expected {(B, Lk)}",
                            "key_padding_mask is (B, Lk): drop the two middle axes with keep[:, 0, 0].")
-            got = expect_tensor(got, f"the result for lengths={lengths}", (B, Lk), dtype="bool")
+            got = expect_tensor(got, f"the result for lengths={lengths}", (B, Lk), dtype="any")
+            if got.is_floating_point():  # PyTorch adds a float key_padding_mask to the scores: 0 or -inf
+                values = set(got.unique().tolist())
+                if 1.0 in values and values <= {0.0, 1.0}:
+                    raise fail(f"the mask for lengths={lengths} came back as 0s and 1s in floating point",
+                               "A float key_padding_mask is *added* to the scores: return a bool mask "
+                               "(True = padding), or 0 for real tokens and -inf for padding.")
+                if not values <= {0.0, float("-inf")}:
+                    raise fail(f"the mask for lengths={lengths} holds {sorted(values)[:4]}",
+                               "A key_padding_mask is bool (True = padding), or 0 for real tokens and -inf for padding.")
+                got = torch.isneginf(got)
+            elif got.dtype != torch.bool:
+                raise fail(f"the mask for lengths={lengths} has dtype {got.dtype}",
+                           "nn.MultiheadAttention's key_padding_mask is bool, True = padding (or float: 0 and -inf).")
             expected = ~keep[:, 0, 0]
             if not torch.equal(got, expected):
                 if torch.equal(got, ~expected):
