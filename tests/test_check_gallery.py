@@ -470,15 +470,37 @@ def test_masked_attention_with_type_as_and_additive_masks_passes():
 
     def additive(q, k, v, mask=None):
         s = q @ k.mT * q.size(-1) ** -0.5
-        keep = torch.ones(1, dtype=torch.bool)
+        keep = torch.ones(1, dtype=torch.bool, device=q.device)
         if mask is not None:
-            s = s + torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -1e30)
+            s = s + torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, -1e30)
             keep = mask.any(-1, keepdim=True)
         w = s.softmax(-1) * keep
         return w @ v, w
 
     expect_pass(checks.check_masked_attention(type_as))
     expect_pass(checks.check_masked_attention(additive))
+
+
+def test_attention_checks_name_a_tensor_made_on_the_cpu():
+    """Right on the CPU, a crash on a GPU: the attention checks run once more on the meta device."""
+    def filled_on_cpu(q, k, v, mask=None):
+        s = q @ k.mT * q.size(-1) ** -0.5
+        if mask is not None:
+            s = torch.where(mask, s, torch.full(s.shape, float("-inf"), dtype=s.dtype))  # the CPU, always
+        w = s.softmax(-1)
+        return w @ v, w
+
+    def zeros_on_cpu(q, k, v, mask=None):
+        scores = q @ k.mT / math.sqrt(q.shape[-1])
+        scores = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+        empty = torch.isneginf(scores).all(-1, keepdim=True)
+        weights = torch.where(empty, torch.zeros(scores.shape, dtype=q.dtype), scores.masked_fill(empty, 0.0).softmax(-1))
+        return weights @ v, weights
+
+    expect_fail(checks.check_scaled_dot_product_attention(filled_on_cpu), "device 'meta'",
+                "it is the device that fails", status="error")
+    expect_fail(checks.check_masked_attention(zeros_on_cpu), "device 'meta'", "it is the device that fails",
+                status="error")
 
 
 # 6.1: precision
@@ -544,13 +566,13 @@ def test_rotary_attention_written_otherwise_passes():
 
 def _blockwise(q, k, v, b, *, max_mode="running", keep_m=True, skip_last=False):
     scale = q.size(-1) ** -0.5
-    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
     if max_mode == "first":  # one maximum over the whole score matrix, taken first
         m = (q @ k.mT * scale).amax(-1, keepdim=True)
     if max_mode == "two passes":
         for st in range(0, k.size(-2), b):
             m = torch.maximum(m, (q @ k[..., st:st + b, :].mT * scale).amax(-1, keepdim=True))
-    l, o = torch.zeros_like(m), torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype)
+    l, o = torch.zeros_like(m), torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)
     end = k.size(-2) // b * b if skip_last else k.size(-2)
     for st in range(0, end, b):
         s = q @ k[..., st:st + b, :].mT * scale

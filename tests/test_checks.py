@@ -595,7 +595,7 @@ def test_encoder_layer_check():
 def ablate_by_hand(mha, x, head):
     q, k, v = (mha_lib.split_heads(f(x), mha.num_heads) for f in (mha.W_q, mha.W_k, mha.W_v))
     heads, _ = mha_lib.scaled_dot_product_attention(q, k, v)
-    keep = torch.ones(mha.num_heads, 1, 1, dtype=heads.dtype)
+    keep = torch.ones(mha.num_heads, 1, 1, dtype=heads.dtype, device=heads.device)
     keep[head] = 0
     return mha.W_o(mha_lib.combine_heads(heads * keep))
 
@@ -667,10 +667,11 @@ def test_fused_projection_check():
     expect_fail(checks.check_fused_projection(lambda m: nn.Linear(3 * m.d_model, m.d_model)), "expected nn.linear(8, 24)")
 
 
-def online_attention(q, k, v, block_size, *, rescale=True, normalize=True):
-    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+def online_attention(q, k, v, block_size, *, rescale=True, normalize=True, device=None):
+    device = q.device if device is None else device  # another device: the mistake of making them on the CPU
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=device)
     total = torch.zeros_like(m)
-    out = torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype)
+    out = torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=device)
     for start in range(0, k.size(-2), block_size):
         scores = q @ k[..., start : start + block_size, :].mT / math.sqrt(q.size(-1))
         m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
@@ -725,3 +726,17 @@ def test_results_are_logged_as_json_lines_when_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("MHA_CHECK_LOG")
     check_causal_mask(stub)
     assert len(log.read_text().splitlines()) == 3  # nothing is written without the variable
+
+
+def test_checks_name_a_tensor_made_on_the_cpu():
+    """Right on the CPU, a crash on a GPU: head ablation and blockwise attention run once more on the meta device."""
+    def ablate_careless(mha, x, head):
+        q, k, v = (mha_lib.split_heads(f(x), mha.num_heads) for f in (mha.W_q, mha.W_k, mha.W_v))
+        heads, _ = mha_lib.scaled_dot_product_attention(q, k, v)
+        keep = torch.ones(mha.num_heads, 1, 1, dtype=heads.dtype)  # on the CPU, whatever x's device
+        keep[head] = 0
+        return mha.W_o(mha_lib.combine_heads(heads * keep))
+
+    expect_fail(checks.check_head_ablation(ablate_careless), "device 'meta'", "device=x.device", status="error")
+    expect_fail(checks.check_blockwise_attention(lambda q, k, v, b: online_attention(q, k, v, b, device="cpu")),
+                "device 'meta'", "device=query.device", status="error")

@@ -201,7 +201,8 @@ def prev_diagonal(weights):
 def prev_by_mask(weights):
     """Written differently: a 0/1 matrix on key t - 1, summed over the keys, then averaged."""
     L = weights.size(-1)
-    below = torch.ones(L, L, dtype=weights.dtype).tril(-1) - torch.ones(L, L, dtype=weights.dtype).tril(-2)
+    ones = torch.ones(L, L, dtype=weights.dtype, device=weights.device)
+    below = ones.tril(-1) - ones.tril(-2)
     per_query = (weights * below).sum(-1)[:, :, 1:]  # (B, H, L - 1)
     return per_query.sum(dim=(0, 2)) / (per_query.size(0) * per_query.size(2))
 
@@ -250,8 +251,8 @@ def test_previous_token_score_refuses_in_place_changes():
 
 def induction_gather(weights, batch):
     B, H, L, _ = weights.shape
-    t = torch.arange(L)
-    second, first, length = batch.second[:, None], batch.first[:, None], batch.length[:, None]
+    t = torch.arange(L, device=weights.device)
+    second, first, length = (p.to(weights.device)[:, None] for p in (batch.second, batch.first, batch.length))
     queries = (t >= second) & (t <= second + length - 2)  # (B, L)
     keys = torch.where(queries, t - second + first + 1, 0)  # (B, L)
     picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1)  # (B, H, L)
@@ -262,7 +263,7 @@ def induction_from_predictable(weights, batch):
     """Written differently: the queries are the predictable tokens moved one position back."""
     queries = batch.predictable.roll(-1, dims=1)  # second ... second + n - 2
     L = weights.size(-1)
-    keys = torch.arange(L) - (batch.second - batch.first)[:, None] + 1  # the offset diagonal
+    keys = torch.arange(L, device=weights.device) - (batch.second - batch.first)[:, None] + 1  # the offset diagonal
     b, t = queries.nonzero(as_tuple=True)
     return weights[b, :, t, keys[b, t]].mean(dim=0)  # (number of queries, H) -> (H,)
 
@@ -491,3 +492,28 @@ def test_the_checks_leave_the_random_state_and_the_threads_alone():
     threads = torch.get_num_threads()
     checks.check_ablation_losses(ablation)  # runs its small models on one thread, then restores the count
     assert torch.equal(torch.rand(1), before) and torch.get_num_threads() == threads
+
+
+def test_score_checks_name_a_tensor_made_on_the_cpu():
+    """Right on the CPU, a crash on a GPU: the checks run the function once more on the meta device.
+    An answer that reads values there (int(...), nonzero) can't be run on it and is not judged."""
+    def prev_careless(weights):
+        L = weights.size(-1)
+        return (weights * torch.diag(torch.ones(L - 1, dtype=weights.dtype), -1)).sum(-1)[..., 1:].mean(dim=(0, 2))
+
+    expect_fail(checks.check_previous_token_score(prev_careless), "device 'meta'", "it is the device that fails",
+                "device=weights.device", status="error")
+    careless = lambda w, b: induction_score_with(w, b, torch.arange(w.size(-1)))  # noqa: E731
+    expect_fail(checks.check_induction_score(careless), "device 'meta'", "batch.first.to(weights.device)",
+                status="error")
+    expect_pass(checks.check_induction_score(induction_loop))  # reads values: not judged on the meta device
+
+
+def induction_score_with(weights, batch, t):
+    """induction_gather with the positions ``t`` given (on whatever device they were made)."""
+    B, H, L, _ = weights.shape
+    second, first, length = (p.to(weights.device)[:, None] for p in (batch.second, batch.first, batch.length))
+    queries = (t >= second) & (t <= second + length - 2)  # (B, L)
+    keys = torch.where(queries, t - second + first + 1, 0)  # (B, L)
+    picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1)  # (B, H, L)
+    return (picked * queries[:, None]).sum(dim=(0, 2)) / queries.sum()

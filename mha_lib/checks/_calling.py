@@ -8,6 +8,7 @@ attributes, the learner's line of code), never from the wording of PyTorch's mes
 
 from __future__ import annotations
 
+import copy
 import inspect
 import linecache
 import re
@@ -214,3 +215,32 @@ def check_unchanged(names: Sequence[str], originals: Sequence[Tensor | None], gi
             raise fail(f"{what} changed its input `{name}` in place",
                        "In-place operations (x /= ..., x.masked_fill_(...), x[...] = ...) overwrite the "
                        "caller's tensor; compute a new tensor instead (x = x / ..., x.masked_fill(...)).")
+
+
+META = torch.device("meta")  # shapes without numbers: the checks' stand-in for a GPU on any machine
+# How PyTorch and mha_lib refuse tensors of two devices in one operation. Only a match is a verdict;
+# anything else the meta device can't do (read a value: .item(), nonzero, boolean indexing) passes.
+_TWO_DEVICES = re.compile(r"not on the expected device|on the same device|is on cpu but")
+
+
+def on_meta(value: Any) -> Any:
+    """``value`` moved to the meta device: a tensor, a module (a copy), or anything with ``.to``."""
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value).to(META)
+    return value.to(META) if hasattr(value, "to") else value
+
+
+def check_device_care(fn: Callable[..., Any], *args: Any, what: str, hint: str, **kwargs: Any) -> None:
+    """Run ``fn`` once more with ``args`` and ``kwargs`` on the meta device (moved with :func:`on_meta`).
+
+    A tensor that the learner's code makes on the CPU (``torch.arange(L)``, a mask without
+    ``device=``) meets the inputs there, and PyTorch refuses the mix as it would on a GPU: that
+    becomes a verdict naming the device, with ``hint``. The answer's numbers were checked on the CPU.
+    """
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the learner's code: a verdict or nothing, never a crash
+        if _TWO_DEVICES.search(str(error)):
+            message = describe_error(error, f"{what} (inputs on device 'meta', which holds shapes but no numbers, "
+                                            "in place of a GPU)").message
+            raise Verdict(ERROR, f"{message} (right on the CPU: it is the device that fails)", hint) from None

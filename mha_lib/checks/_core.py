@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._calling import accepts, call, check_unchanged, cloned, describe_error
+from ._calling import accepts, call, check_device_care, check_unchanged, cloned, describe_error, on_meta
 from ._result import (
     ERROR,
     FAILED,
@@ -32,8 +32,8 @@ from ._result import (
 
 __all__ = [
     "ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "CheckFailed", "CheckResult", "Mistake", "Verdict",
-    "accepts", "call", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
-    "expect_tensor", "fail", "float32_close", "gen", "log_result", "randn", "run_check", "sqrt", "unpack_pair",
+    "accepts", "call", "check_device_care", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
+    "expect_tensor", "fail", "float32_close", "gen", "log_result", "on_meta", "randn", "run_check", "sqrt", "unpack_pair",
     "where_differs", "PRECISION_HINT",
 ]
 

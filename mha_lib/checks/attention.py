@@ -14,6 +14,7 @@ from ._core import (
     CheckResult,
     Mistake,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
@@ -23,6 +24,7 @@ from ._core import (
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
     sqrt,
@@ -176,7 +178,12 @@ def _check_attention(fn: Callable[..., Any], name: str, fully_masked: bool) -> C
             _check_case(fn, case, fully_masked)
         _check_large_scores(fn, fully_masked)
         _check_gradients(fn, cases[-1] if fully_masked else cases[1])
-        covered = "batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks, float32 kept"
+        case = cases[-1]
+        check_device_care(fn, *(on_meta(case[n]) for n in "qkv"), mask=on_meta(case["mask"]), what="your function",
+                          hint="Make any tensor you create on the inputs' device, e.g. "
+                               "torch.full_like(scores, float('-inf')) or torch.zeros(..., device=query.device); "
+                               "masked_fill(~mask, float('-inf')) needs none.")
+        covered = "batch and head axes, Lq ≠ Lk, d_v ≠ d_k, masks, float32 kept, another device"
         if fully_masked:
             return f"correct on {len(cases)} cases ({covered}), gradients right and finite"
         return f"correct on {len(cases)} cases ({covered}), gradients right"

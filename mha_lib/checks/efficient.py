@@ -18,6 +18,7 @@ from ..multi_head import MultiHeadAttention
 from ._core import (
     CheckResult,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
@@ -25,6 +26,7 @@ from ._core import (
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
     sqrt,
@@ -218,6 +220,11 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
             ], f"wrong output {where}", BLOCKWISE_HINT, expected=expected, axis="query")
         _blockwise_reads(fn)
         _blockwise_stress(fn)
-        return f"equals softmax attention on {len(cases)} cases (blocks that don't divide Lk included)"
+        g = gen(62)
+        check_device_care(fn, *(on_meta(randn(g, 2, n, 4)) for n in (3, 7, 7)), 3, what="your function",
+                          hint="Make the running maximum, sum and output on the query's device: "
+                               "torch.full(..., float('-inf'), device=query.device), torch.zeros(..., device=query.device).")
+        return (f"equals softmax attention on {len(cases)} cases (blocks that don't divide Lk included), "
+                "and on another device")
 
     return run_check("blockwise attention", body)

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
-from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from ._core import (CheckResult, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen,
+                    on_meta, randn, run_check)
 from .reference import linear, multi_head, projections
 
 
@@ -170,6 +171,10 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
                 ], f"wrong output for head={head}",
                     "Run the module's steps yourself (or use a forward pre-hook on W_o) and zero the head's slice "
                     "of the concatenated heads before W_o.")
-        return f"correct for each of the {H} heads"
+        with torch.no_grad():
+            check_device_care(fn, on_meta(mha), on_meta(x), 1, what="your function",
+                              hint="Make the head's mask (or zeros) on the input's device: "
+                                   "torch.ones(..., device=x.device), or multiply the slice by 0 in place of a mask.")
+        return f"correct for each of the {H} heads, and on another device"
 
     return run_check("head ablation", body)

@@ -23,6 +23,7 @@ from ._core import (
     CheckResult,
     Mistake,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
@@ -31,6 +32,7 @@ from ._core import (
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
 )
@@ -166,11 +168,15 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> CheckResult:
                 raise diagnose(out, _previous_mistakes(w64), f"wrong scores for {label} (yours: {shown})",
                                PREVIOUS_DEFINITION)
         _score_gradient(fn, cases[0][0], _scores.previous_token_score)
-        return f"right on {len(cases)} inputs (a perfect previous-token head and uniform attention included), dtype and gradient kept"
+        check_device_care(fn, on_meta(cases[0][0]), what="your function", hint=DEVICE_HINT)
+        return (f"right on {len(cases)} inputs (a perfect previous-token head and uniform attention included), "
+                "dtype and gradient kept, and on another device")
 
     return run_check("previous-token score", body)
 
 
+DEVICE_HINT = ("Make any tensor you create on the weights' device, e.g. torch.arange(L, device=weights.device): "
+               "the notebook calls this on the model's device.")
 INDUCTION_DEFINITION = ("induction_score(weights, batch)[h] is the mean of weights[b, h, second + i, first + i + 1] "
                         "over i = 0 ... length - 2 (the queries whose next token the earlier copy tells) and over the "
                         "batch, all these queries pooled: sum over them / their number.")
@@ -280,7 +286,9 @@ def check_induction_score(fn: Callable[[Tensor, RepeatBatch], Any]) -> CheckResu
                 raise diagnose(out, _induction_mistakes(w64, batch), f"wrong scores for {label} (yours: {shown})",
                                INDUCTION_DEFINITION)
         _score_gradient(fn, cases[0][0], lambda w: _scores.induction_score(w, b1), copy_batch(b1))
+        check_device_care(fn, on_meta(cases[0][0]), on_meta(b1), what="your function",
+                          hint=DEVICE_HINT + " Move the batch's positions there too: batch.first.to(weights.device).")
         return (f"right on {len(cases)} inputs (a perfect induction head and uniform attention included), "
-                "dtype and gradient kept")
+                "dtype and gradient kept, and on another device")
 
     return run_check("induction score", body)

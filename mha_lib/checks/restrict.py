@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -11,18 +10,17 @@ from torch import Tensor
 
 from ..multi_head import MultiHeadAttention
 from ._core import (
-    ERROR,
     CheckResult,
-    Verdict,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
-    describe_error,
     diagnose,
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
     unpack_pair,
@@ -172,21 +170,9 @@ def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
                            "computed with",
                            "Return the weights of the same call that gave the output: "
                            "mha(x, x, x, mask=..., return_weights=True).")
-        _check_on_another_device(fn, mha)
+        check_device_care(fn, on_meta(mha), on_meta(randn(gen(32), 2, 4, D)), what="your function",
+                          hint="Put the mask on the input's device: halves_mask(L).to(x.device). On a GPU, a mask "
+                               "left on the CPU is refused the same way.")
         return f"correct on {len(cases)} inputs (even and odd lengths), and on another device"
 
     return run_check("restricted multi-head attention", body)
-
-
-def _check_on_another_device(fn: Callable[..., Any], mha: MultiHeadAttention) -> None:
-    """Run ``fn`` with the module and ``x`` on PyTorch's meta device (shapes, no numbers), the check's
-    stand-in for a GPU on any machine: a mask left on the CPU is refused there, as on a GPU."""
-    meta = torch.device("meta")
-    x = torch.empty(2, 4, mha.d_model, dtype=torch.float64, device=meta)
-    what = "your function (mha and x on device 'meta', which holds shapes but no numbers, in place of a GPU)"
-    try:
-        fn(copy.deepcopy(mha).to(meta), x)  # its numbers were checked on the CPU; here only that it runs
-    except Exception as error:  # noqa: BLE001 - right on the CPU, so it is the device that fails
-        raise Verdict(ERROR, f"{describe_error(error, what).message} (right on the CPU: it is the device that fails)",
-                      "Put the mask on the input's device: halves_mask(L).to(x.device). On a GPU, a mask left "
-                      "on the CPU is refused the same way.") from None
