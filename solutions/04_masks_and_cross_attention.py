@@ -130,7 +130,7 @@ check_masked_attention(masked_attention)
 # %%
 def cross_attend(mha, target, source, source_lengths):
     # BEGIN SOLUTION
-    keep = padding_mask(source_lengths, max_len=source.size(1))  # (B, 1, 1, Ls)
+    keep = padding_mask(source_lengths, max_len=source.size(1)).to(source.device)  # (B, 1, 1, Ls)
     return mha(target, source, source, mask=keep)  # (B, Lt, d_model)
     # END SOLUTION
 

@@ -106,7 +106,9 @@ check_key_padding_mask_for_torch(to_key_padding_mask)
 # %%
 def copy_to_torch(mha):
     # BEGIN SOLUTION
-    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True)
+    weight = mha.W_q.weight  # the new module gets its device and dtype
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True, device=weight.device,
+                                   dtype=weight.dtype)
     with torch.no_grad():
         theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
         theirs.in_proj_bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))

@@ -69,8 +69,8 @@ from mha_lib.checks import check_alibi_bias, check_apply_rotary, check_rotary_at
 def apply_rotary(x, positions):
     # BEGIN SOLUTION
     half = x.size(-1) // 2
-    theta = 10000.0 ** (-2 * torch.arange(half, dtype=x.dtype) / x.size(-1))  # (d_k/2,)
-    angle = positions.to(x.dtype)[:, None] * theta  # (L, d_k/2)
+    theta = 10000.0 ** (-2 * torch.arange(half, dtype=x.dtype, device=x.device) / x.size(-1))  # (d_k/2,)
+    angle = positions.to(x.device, x.dtype)[:, None] * theta  # (L, d_k/2)
     a, b = x[..., :half], x[..., half:]  # (..., L, d_k/2) each
     return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1)
     # END SOLUTION
@@ -119,7 +119,7 @@ for i, j in [(3, 1), (10, 8), (100, 98)]:
 # %%
 def rotary_attention(query, key, value, mask=None):
     # BEGIN SOLUTION
-    positions = torch.arange(query.size(-2))
+    positions = torch.arange(query.size(-2), device=query.device)
     q, k = apply_rotary(query, positions), apply_rotary(key, positions)  # the values stay as they are
     output, _ = scaled_dot_product_attention(q, k, value, mask)  # (B, H, L, d_k)
     return output

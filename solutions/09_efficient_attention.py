@@ -60,7 +60,8 @@ from mha_lib.checks import check_blockwise_attention, check_fused_projection
 def fuse_projections(mha):
     # BEGIN SOLUTION
     parts = (mha.W_q, mha.W_k, mha.W_v)
-    fused = nn.Linear(mha.d_model, 3 * mha.d_model)
+    weight = mha.W_q.weight
+    fused = nn.Linear(mha.d_model, 3 * mha.d_model, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([p.weight for p in parts]))  # (3D, D)
         fused.bias.copy_(torch.cat([p.bias for p in parts]))  # (3D,)

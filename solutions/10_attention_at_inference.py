@@ -137,11 +137,11 @@ check_repeat_kv(repeat_kv)
 def attend_with_cache(query, key, value, k_cache, v_cache):
     # BEGIN SOLUTION
     T, n = k_cache.size(-2), query.size(-2)
-    positions = torch.arange(T, T + n)  # where the new tokens sit
+    positions = torch.arange(T, T + n, device=query.device)  # where the new tokens sit
     query, key = apply_rotary(query, positions), apply_rotary(key, positions)  # never the values
     k_cache = torch.cat([k_cache, key], dim=-2)  # (B, H, T + n, d_k)
     v_cache = torch.cat([v_cache, value], dim=-2)
-    mask = torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T)  # (n, T + n)
+    mask = torch.ones(n, T + n, dtype=torch.bool, device=query.device).tril(diagonal=T)  # (n, T + n)
     output, _ = scaled_dot_product_attention(query, k_cache, v_cache, mask)  # (B, H, n, d_k)
     return output, k_cache, v_cache
     # END SOLUTION

@@ -419,7 +419,7 @@ def _rope(x, pos, dtype=None):
     """Half-split RoPE; ``dtype``: the dtype of the angles (float32 loses float64's precision)."""
     half = x.size(-1) // 2
     dtype = dtype or x.dtype
-    angle = pos.to(dtype)[:, None] * 10000 ** (-2 * torch.arange(half, dtype=dtype) / x.size(-1))
+    angle = pos.to(x.device, dtype)[:, None] * 10000 ** (-2 * torch.arange(half, dtype=dtype, device=x.device) / x.size(-1))
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -428,7 +428,7 @@ def _rope(x, pos, dtype=None):
 def _rope_hf(x, pos):
     """Hugging Face's way, in x's dtype: x * cos + rotate_half(x) * sin with every angle written twice."""
     d = x.size(-1)
-    freqs = pos.to(x.dtype)[:, None] / 10000 ** (torch.arange(0, d, 2).to(x.dtype) / d)
+    freqs = pos.to(x.device, x.dtype)[:, None] / 10000 ** (torch.arange(0, d, 2, device=x.device).to(x.dtype) / d)
     emb = torch.cat([freqs, freqs], dim=-1)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
@@ -657,13 +657,13 @@ def test_repeat_kv_keeps_the_dtype_and_says_which_heads_came_from_where():
 def _cached(q, k, v, kc, vc, *, start=None, q_start=None, rerotate=False, diagonal=None, twice=False, only_new=False,
             cast=None):
     T, n = kc.size(-2), q.size(-2)
-    pos = torch.arange(n) + (T if start is None else start)
-    q = mha_lib.apply_rotary(q, pos if q_start is None else torch.arange(q_start, q_start + n))
+    pos = torch.arange(n, device=q.device) + (T if start is None else start)
+    q = mha_lib.apply_rotary(q, pos if q_start is None else torch.arange(q_start, q_start + n, device=q.device))
     k_rot = mha_lib.apply_rotary(k, pos)
-    k_all = (mha_lib.apply_rotary(torch.cat([kc, k], -2), torch.arange(T + n)) if rerotate
+    k_all = (mha_lib.apply_rotary(torch.cat([kc, k], -2), torch.arange(T + n, device=q.device)) if rerotate
              else torch.cat([kc, k_rot], -2))
     v_all = torch.cat([vc, v], -2)
-    mask = torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T if diagonal is None else diagonal(T))
+    mask = torch.ones(n, T + n, dtype=torch.bool, device=q.device).tril(diagonal=T if diagonal is None else diagonal(T))
     out = mha_lib.scaled_dot_product_attention(q, k_all, v_all, mask)[0]
     if twice:
         k_all, v_all = torch.cat([k_all, k_rot], -2), torch.cat([v_all, v], -2)
@@ -722,10 +722,11 @@ def test_cached_attention_names_more_mistakes(wrong, words):
 def test_cached_attention_written_otherwise_passes():
     def hf_additive(q, k, v, kc, vc):
         T, n = kc.shape[-2], q.shape[-2]
-        pos = torch.arange(T, T + n)
+        pos = torch.arange(T, T + n, device=q.device)
         q, k = _rope_hf(q, pos), _rope_hf(k, pos)
         kc, vc = torch.cat((kc, k), -2), torch.cat((vc, v), -2)
-        add = torch.zeros(n, T + n, dtype=q.dtype).masked_fill(torch.arange(T + n)[None] > pos[:, None], float("-inf"))
+        later = torch.arange(T + n, device=q.device)[None] > pos[:, None]  # (n, T + n)
+        add = torch.zeros(n, T + n, dtype=q.dtype, device=q.device).masked_fill(later, float("-inf"))
         return F.scaled_dot_product_attention(q, kc, vc, attn_mask=add), kc, vc
 
     expect_pass(checks.check_cached_attention(hf_additive))

@@ -395,10 +395,10 @@ def test_parameter_count_check():
 
 def test_cross_attention_check():
     def right(mha, target, source, lengths):
-        return mha(target, source, source, mask=mha_lib.padding_mask(lengths, max_len=source.size(1)))
+        return mha(target, source, source, mask=mha_lib.padding_mask(lengths, max_len=source.size(1)).to(source.device))
 
     def right_bool_loop(mha, target, source, lengths):
-        keep = torch.zeros(len(lengths), 1, 1, source.size(1), dtype=torch.bool)
+        keep = torch.zeros(len(lengths), 1, 1, source.size(1), dtype=torch.bool, device=source.device)
         for b, n in enumerate(lengths):
             keep[b, ..., :n] = True
         return mha(target, source, source, mask=keep, return_weights=True)
@@ -740,3 +740,11 @@ def test_checks_name_a_tensor_made_on_the_cpu():
     expect_fail(checks.check_head_ablation(ablate_careless), "device 'meta'", "device=x.device", status="error")
     expect_fail(checks.check_blockwise_attention(lambda q, k, v, b: online_attention(q, k, v, b, device="cpu")),
                 "device 'meta'", "device=query.device", status="error")
+
+
+def test_cross_attention_check_names_a_mask_left_on_the_cpu():
+    def cpu_mask(mha, target, source, lengths):
+        return mha(target, source, source, mask=mha_lib.padding_mask(lengths, max_len=source.size(1)))
+
+    expect_fail(checks.check_cross_attention(cpu_mask), "device 'meta'", "mask is on cpu", ".to(source.device)",
+                status="error")

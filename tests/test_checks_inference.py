@@ -49,9 +49,9 @@ def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out
     d_k = x.size(-1)
     half = d_k // 2
     if not use_positions:
-        positions = torch.arange(x.size(-2))
-    theta = base ** (-exponent * torch.arange(half, dtype=x.dtype) / d_k)
-    angle = sign * positions.to(x.dtype)[:, None] * theta
+        positions = torch.arange(x.size(-2), device=x.device)
+    theta = base ** (-exponent * torch.arange(half, dtype=x.dtype, device=x.device) / d_k)
+    angle = sign * positions.to(x.device, x.dtype)[:, None] * theta
     cos, sin = (angle.sin(), angle.cos()) if swap_trig else (angle.cos(), angle.sin())
     if pairing == "half":
         a, b = x[..., :half], x[..., half:]
@@ -66,8 +66,8 @@ def rope(x, positions, *, pairing="half", sign=1.0, exponent=2.0, interleave_out
 def rope_rotate_half(x, positions):
     """The Hugging Face way: x·cos + rotate_half(x)·sin with duplicated angles."""
     d_k = x.size(-1)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k))
-    freqs = torch.outer(positions.double(), inv_freq)  # (L, d_k/2)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_k, 2, dtype=torch.float64, device=x.device) / d_k))
+    freqs = torch.outer(positions.to(x.device).double(), inv_freq)  # (L, d_k/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (L, d_k)
     x1, x2 = x[..., : d_k // 2], x[..., d_k // 2 :]
     rotated_half = torch.cat([-x2, x1], dim=-1)
@@ -439,13 +439,14 @@ def cached(q, k, v, k_cache, v_cache, *, mistake=None):
     if mistake == "rotate v":
         v = mha_lib.apply_rotary(v, pos)
     if mistake == "no append":
-        return mha_lib.scaled_dot_product_attention(q, k_rot, v, torch.ones(n, n, dtype=torch.bool).tril())[0], k_cache, v_cache
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        return mha_lib.scaled_dot_product_attention(q, k_rot, v, causal)[0], k_cache, v_cache
     k_all, v_all = torch.cat([k_cache, k_rot], dim=-2), torch.cat([v_cache, v], dim=-2)
     if mistake == "past only":
         out = mha_lib.scaled_dot_product_attention(q, k_cache, v_cache)[0]
         return out, k_all, v_all
-    mask = {"tril": torch.ones(n, T + n, dtype=torch.bool).tril(), "no mask": None}.get(
-        mistake, torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T))
+    ones = torch.ones(n, T + n, dtype=torch.bool, device=q.device)
+    mask = {"tril": ones.tril(), "no mask": None}.get(mistake, ones.tril(diagonal=T))
     out, _ = mha_lib.scaled_dot_product_attention(q, k_all, v_all, mask)
     if mistake == "unrotated cache":
         k_all = torch.cat([k_cache, k], dim=-2)
@@ -455,10 +456,10 @@ def cached(q, k, v, k_cache, v_cache, *, mistake=None):
 def cached_sdpa(query, key, value, k_cache, v_cache):
     """Written differently: positions from a comparison mask, PyTorch's fused attention."""
     T, n = k_cache.shape[-2], query.shape[-2]
-    positions = T + torch.arange(n)
+    positions = T + torch.arange(n, device=query.device)
     query, key = rope_rotate_half(query, positions), rope_rotate_half(key, positions)
     k_cache, v_cache = torch.cat((k_cache, key), -2), torch.cat((v_cache, value), -2)
-    allowed = torch.arange(T + n)[None, :] <= positions[:, None]  # (n, T + n)
+    allowed = torch.arange(T + n, device=query.device)[None, :] <= positions[:, None]  # (n, T + n)
     return F.scaled_dot_product_attention(query, k_cache, v_cache, attn_mask=allowed), k_cache, v_cache
 
 
@@ -494,3 +495,31 @@ def test_the_checks_leave_the_random_state_alone():
     checks.check_apply_rotary(rope)
     assert torch.equal(torch.rand(1), before)
     assert math.isfinite(before.item())
+
+
+def test_rotary_and_cache_checks_name_a_tensor_made_on_the_cpu():
+    """The solutions' old code, right on the CPU and a crash on a GPU: each check runs once more on the meta device."""
+    def rotary_cpu(x, positions):
+        half = x.size(-1) // 2
+        theta = 10000.0 ** (-2 * torch.arange(half, dtype=x.dtype) / x.size(-1))  # on the CPU, whatever x's device
+        angle = positions.to(x.dtype)[:, None] * theta
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1)
+
+    def rotary_attention_cpu(query, key, value, mask=None):
+        positions = torch.arange(query.size(-2))
+        q, k = rotary_cpu(query, positions), rotary_cpu(key, positions)
+        return mha_lib.scaled_dot_product_attention(q, k, value, mask)[0]
+
+    def cached_cpu(query, key, value, k_cache, v_cache):
+        T, n = k_cache.size(-2), query.size(-2)
+        positions = torch.arange(T, T + n)
+        query, key = mha_lib.apply_rotary(query, positions), mha_lib.apply_rotary(key, positions)
+        k_cache, v_cache = torch.cat([k_cache, key], dim=-2), torch.cat([v_cache, value], dim=-2)
+        mask = torch.ones(n, T + n, dtype=torch.bool).tril(diagonal=T)
+        return mha_lib.scaled_dot_product_attention(query, k_cache, v_cache, mask)[0], k_cache, v_cache
+
+    for check, fn, fix in ((checks.check_apply_rotary, rotary_cpu, "device=x.device"),
+                           (checks.check_rotary_attention, rotary_attention_cpu, "device=query.device"),
+                           (checks.check_cached_attention, cached_cpu, "device=query.device")):
+        expect_fail(check(fn), "device 'meta'", "it is the device that fails", fix, status="error")

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._core import CheckResult, call, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from ._core import (CheckResult, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor, fail,
+                    gen, on_meta, randn, run_check)
 from .reference import attend as reference_attend
 from .positions import rotate
 
@@ -116,7 +117,12 @@ def check_cached_attention(fn: Callable[..., Any]) -> CheckResult:
                     n, T = st["chunks"][step], st["T"]
                     st["k_cache"], st["v_cache"] = _check_step(fn, st, n, T)
                     st["T"] = T + n
-        return f"decoding {L} tokens in chunks of {', '.join(map(str, chunks))} equals causal rotary attention"
+        meta = [on_meta(randn(g, B, H, n, d_k)) for n in (2, 2, 2, 3, 3)]  # query, key, value (2 new), caches (3)
+        check_device_care(fn, *meta, what="your function",
+                          hint="Make the positions and the mask on the query's device: "
+                               "torch.arange(T, T + n, device=query.device), torch.ones(..., device=query.device).")
+        return (f"decoding {L} tokens in chunks of {', '.join(map(str, chunks))} equals causal rotary attention, "
+                "also on another device")
 
     return run_check("attention with a key/value cache", body)
 

@@ -16,6 +16,7 @@ from ._core import (
     CheckResult,
     Verdict,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
@@ -23,6 +24,7 @@ from ._core import (
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
     sqrt,
@@ -242,6 +244,11 @@ def check_cross_attention(fn: Callable[..., Any]) -> CheckResult:
                      "Keys and values come from the source: mha(target, source, source, mask=...)."),
                 ], f"wrong output {where}",
                     "Queries from the target, keys and values from the source, and a padding mask for the source.")
-        return f"correct on {len(cases)} batches (one padded beyond its longest sentence)"
+        tgt, src, lengths = cases[0]
+        with torch.no_grad():
+            check_device_care(fn, on_meta(mha), on_meta(tgt), on_meta(src), list(lengths), what="your function",
+                              hint="Put the padding mask on the source's device: "
+                                   "padding_mask(source_lengths, max_len=source.size(1)).to(source.device).")
+        return f"correct on {len(cases)} batches (one padded beyond its longest sentence), and on another device"
 
     return run_check("cross-attention", body)

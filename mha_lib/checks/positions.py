@@ -14,6 +14,7 @@ from ._core import (
     CheckResult,
     Verdict,
     call,
+    check_device_care,
     check_unchanged,
     cloned,
     close,
@@ -22,6 +23,7 @@ from ._core import (
     expect_tensor,
     fail,
     gen,
+    on_meta,
     randn,
     run_check,
 )
@@ -123,7 +125,11 @@ def check_apply_rotary(fn: Callable[..., Any]) -> CheckResult:
             if not close(out, expected):
                 raise diagnose(out, _rotary_mistakes(x, positions), f"the rotation is wrong {where}", CONVENTION,
                                expected=expected)
-        return f"correct on {len(cases)} cases (batch and head axes, offset positions, d_k = 6, 8, 16)"
+        x, positions, _ = cases[1]
+        check_device_care(fn, on_meta(x), on_meta(positions), what="your function",
+                          hint="Make the frequencies on x's device: torch.arange(half, dtype=x.dtype, device=x.device), "
+                               "and move positions there: positions.to(x.device, x.dtype).")
+        return f"correct on {len(cases)} cases (batch and head axes, offset positions, d_k = 6, 8, 16, another device)"
 
     return run_check("apply_rotary", body)
 
@@ -241,6 +247,8 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
             raise diagnose(out, mistakes, f"the output is wrong {where}",
                            "Rotate query and key with apply_rotary (positions 0 .. L-1), leave value alone, then "
                            "attend with the mask as given.", expected=expected, axis="query position")
-        return f"correct on {len(cases)} cases (with and without a causal mask)"
+        check_device_care(fn, *(on_meta(randn(g, B, H, L, d_k)) for _ in range(3)), what="your function",
+                          hint="Make the positions on the query's device: torch.arange(L, device=query.device).")
+        return f"correct on {len(cases)} cases (with and without a causal mask, and on another device)"
 
     return run_check("rotary attention", body)
