@@ -179,7 +179,7 @@ for rotary in (False, True):
 # NBVAL_IGNORE_OUTPUT
 # (timings vary from run to run and machine to machine; the asserts hold everywhere: the two ways agree,
 # and even at 48 tokens the cache is faster)
-result = decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=1, device=device)
+result = decode_benchmark(tokens=48, d_model=512, num_heads=8, kv_heads=2, repeats=3, device=device)  # the fastest of 3
 print(format_result(result))
 assert result.cache_s < result.recompute_s and result.max_abs_diff < 1e-4
 
