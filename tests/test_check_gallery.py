@@ -810,3 +810,17 @@ def test_each_verdict_comes_within_a_second(check, fn):
     start = time.perf_counter()
     expect_pass(check(fn))
     assert time.perf_counter() - start < 1.0
+
+
+def test_blockwise_attention_with_the_first_blocks_maximum_only_fails():
+    """A maximum taken from the first block and never updated: right until a later block scores higher."""
+    def first_block_max(q, k, v, block_size):
+        m = (q @ k[..., :block_size, :].mT / math.sqrt(q.size(-1))).amax(-1, keepdim=True)
+        total = torch.zeros_like(m)
+        out = torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)
+        for start in range(0, k.size(-2), block_size):
+            p = (q @ k[..., start:start + block_size, :].mT / math.sqrt(q.size(-1)) - m).exp()
+            total, out = total + p.sum(-1, keepdim=True), out + p @ v[..., start:start + block_size, :]
+        return out / total
+
+    expect_fail(checks.check_blockwise_attention(first_block_max), "inf or nan", "never raised", "running maximum")

@@ -748,3 +748,19 @@ def test_cross_attention_check_names_a_mask_left_on_the_cpu():
 
     expect_fail(checks.check_cross_attention(cpu_mask), "device 'meta'", "mask is on cpu", ".to(source.device)",
                 status="error")
+
+
+def test_multi_head_check_names_values_projected_from_the_key():
+    class ValueFromKey(nn.Module):
+        def __init__(self, d_model, num_heads, dropout=0.0):
+            super().__init__()
+            self.num_heads = num_heads
+            self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+        def forward(self, query, key, value, mask=None):
+            q, k, v = (mha_lib.split_heads(f(x), self.num_heads)
+                       for f, x in ((self.W_q, query), (self.W_k, key), (self.W_v, key)))  # value forgotten
+            heads, _ = mha_lib.scaled_dot_product_attention(q, k, v, mask)
+            return self.W_o(mha_lib.combine_heads(heads))
+
+    expect_fail(checks.check_multi_head_attention(ValueFromKey), "values were projected from the key")

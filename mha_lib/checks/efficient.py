@@ -130,7 +130,8 @@ def _blockwise_reads(fn: Callable[..., Any]) -> None:
 
 def _blockwise_stress(fn: Callable[..., Any]) -> None:
     """Float32 scores near +100 for the first queries and near -100 for the others: exp(score)
-    overflows without a maximum, and exp(score - m) underflows when m is not each query's own."""
+    overflows without a maximum, and exp(score - m) underflows when m is not each query's own.
+    Then the same with a first block that scores low: a maximum taken from it alone overflows later."""
     g = gen(63)
     Lq, Lk, d_k, d_v, block = 4, 9, 4, 3, 4
     u = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # 14² / √4 ≈ 100
@@ -156,6 +157,31 @@ def _blockwise_stress(fn: Callable[..., Any]) -> None:
                    "Keep a maximum per query: scores.amax(dim=-1, keepdim=True), shape (..., Lq, 1).")
     raise diagnose(out, [], f"wrong output {where}, although the cases with small scores were right",
                    BLOCKWISE_HINT, expected=expected, axis="query")
+
+
+def _blockwise_rising(fn: Callable[..., Any]) -> None:
+    """Scores near -100 in the first block and near +100 after it: a maximum that is taken from the
+    first block and never raised lets exp(score - m) overflow."""
+    g = gen(64)
+    Lq, Lk, d_k, d_v, block = 2, 9, 4, 3, 4
+    u = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # 14² / √4 ≈ 100
+    k = (u + randn(g, 2, Lk, d_k, scale=0.6)).float()
+    k[..., :block, :] = (-u + randn(g, 2, block, d_k, scale=0.6)).float()  # the first block scores low
+    q = (u + randn(g, 2, Lq, d_k, scale=0.3)).float()
+    v = randn(g, 2, Lk, d_v, dtype=torch.float32)
+    out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block}, rising scores)")
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        out = out[0]
+    where = "with float32 scores near -100 in the first block of keys and near +100 after it"
+    out = expect_tensor(out, f"the output {where}", (2, Lq, d_v), dtype=torch.float32, explain=" (..., Lq, d_v)")
+    if close(out, attend(q.double(), k.double(), v.double())[0]):
+        return
+    if not bool(torch.isfinite(out).all()):
+        raise fail(f"the output is inf or NaN {where}: it looks like the maximum was taken from the first block and "
+                   "never raised", "Keep a running maximum: m_new = max(m, block scores' max), and rescale what was "
+                   "accumulated by exp(m - m_new) whenever it rises.")
+    raise fail(f"wrong output {where}, although the cases with large scores in the first block were right",
+               BLOCKWISE_HINT)
 
 
 def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
@@ -220,6 +246,7 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
             ], f"wrong output {where}", BLOCKWISE_HINT, expected=expected, axis="query")
         _blockwise_reads(fn)
         _blockwise_stress(fn)
+        _blockwise_rising(fn)
         g = gen(62)
         check_device_care(fn, *(on_meta(randn(g, 2, n, 4)) for n in (3, 7, 7)), 3, what="your function",
                           hint="Make the running maximum, sum and output on the query's device: "

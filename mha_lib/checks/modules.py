@@ -78,11 +78,12 @@ def mha_cases(g: torch.Generator, D: int) -> list[dict[str, Any]]:
     B = 2
     x = randn(g, B, 5, D)
     tgt, src = randn(g, B, 3, D), randn(g, B, 6, D)
+    val = randn(g, B, 6, D)  # values unlike the keys, so that a value taken from the key shows
     return [
         dict(query=x, key=x, value=x, mask=None, label="self-attention"),
-        dict(query=tgt, key=src, value=src, mask=None, label="cross-attention (Lq=3, Lk=6)"),
+        dict(query=tgt, key=src, value=val, mask=None, label="cross-attention (Lq=3, Lk=6)"),
         dict(query=x, key=x, value=x, mask=causal_mask(5), label="self-attention with a causal mask (L, L)"),
-        dict(query=tgt, key=src, value=src, mask=padding_mask([6, 4], max_len=6),
+        dict(query=tgt, key=src, value=val, mask=padding_mask([6, 4], max_len=6),
              label="cross-attention with a padding mask (B, 1, 1, Lk)"),
     ]
 
@@ -180,6 +181,8 @@ def check_multi_head_attention(cls: Any) -> CheckResult:
                          "Split Q, K and V into num_heads heads of d_k features each before attending."),
                         ("the keys and values were computed from the query", variant(kv_from_query=True),
                          "Project the key and value arguments: self.W_k(key), self.W_v(value)."),
+                        ("the values were projected from the key", variant(v_from_key=True),
+                         "self.W_v(value), not self.W_v(key)."),
                         ("the softmax ran over the queries (dim=-2)", variant(softmax_dim=-2),
                          "Each query's weights are a distribution over the keys: softmax(scores, dim=-1)."),
                         ("the mask is inverted (it blocks the keys that may be attended)",

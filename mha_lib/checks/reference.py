@@ -79,7 +79,8 @@ def projections(module: nn.Module, g: torch.Generator) -> Weights:
 
 def multi_head(w: Weights, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, H: int, *,
                scale: str = "sqrt_d_k", split: str = "transpose", combine: str = "transpose",
-               out_proj: bool = True, kv_from_query: bool = False, **attend_knobs: Any) -> tuple[Tensor, Tensor]:
+               out_proj: bool = True, kv_from_query: bool = False, v_from_key: bool = False,
+               **attend_knobs: Any) -> tuple[Tensor, Tensor]:
     """Multi-head attention: ``(output (B, Lq, D), weights (B, H, Lq, Lk))``; the defaults are right.
 
     ``scale``: ``"sqrt_d_k"``, ``"d_k"`` (no square root), ``"sqrt_d_model"``, ``"none"``;
@@ -88,6 +89,8 @@ def multi_head(w: Weights, query: Tensor, key: Tensor, value: Tensor, mask: Tens
     """
     if kv_from_query:
         key = value = query
+    if v_from_key:
+        value = key
     B, Lq, D = query.shape
     d_k = D // H
     q, k, v = (linear(w[n], x) for n, x in (("W_q", query), ("W_k", key), ("W_v", value)))
