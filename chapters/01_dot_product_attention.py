@@ -145,9 +145,10 @@ print("weights:", weights)
 print("sum of weights:", round(weights.sum().item(), 6))
 
 # %% [markdown]
-# Softmax only cares about *differences* between scores. Multiply the scores by a number
-# larger than 1 and the weights get sharper (closer to a hard lookup); by a number smaller
-# than 1 and they get flatter (closer to a plain average). Keep this in mind for section 6.
+# Adding the same number to every score changes nothing: only the gaps between scores matter.
+# Multiply the scores by a number larger than 1 and the gaps widen, so the weights get sharper
+# (closer to a hard lookup); by a number smaller than 1 and they get flatter (closer to a plain
+# average). Keep this in mind for section 6.
 
 # %%
 for factor in [0.1, 1.0, 5.0, 50.0]:
@@ -195,7 +196,7 @@ print(outputs)
 # as labels.
 
 # %%
-plot_attention(weights, query_words, words, title="Who attends to whom (unscaled scores)", vmax=1)
+plot_attention(weights, query_words, words, title="Who attends to whom", vmax=1)
 plt.show()
 
 # %% [markdown]
@@ -227,7 +228,7 @@ for d_k in dims:
 # %% [markdown]
 # Large scores are a problem for the softmax: as section 3 showed, multiplying scores by a
 # big number pushes the weights towards a single 1 and zeros elsewhere. The softmax
-# **saturates**, and a saturated softmax has almost no gradient, so the model can barely learn.
+# **saturates**, and a saturated softmax passes almost no gradient back to its scores.
 # Below, one query attends over 16 random keys; we record the largest weight and the size of
 # the gradient that flows back to the scores, with and without the scaling.
 
@@ -266,24 +267,28 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Unscaled, the largest weight heads for 1 and the gradient for 0 as $d_k$ grows: each query
-# looks at one key only and learning stalls. Dividing by $\sqrt{d_k}$ keeps the scores at
-# variance 1 for every $d_k$, so the softmax stays in its useful range.
+# Unscaled, the largest weight heads for 1 and the softmax's gradient for 0 as $d_k$ grows:
+# each query looks at almost one key. Vaswani et al. suspect this slows training; we measured
+# only the softmax itself. Dividing by $\sqrt{d_k}$ keeps the scores at variance 1 for every
+# $d_k$, so the softmax stays in its useful range.
 #
 # ## 7. Masks: positions that must not be looked at
 #
 # Sometimes a query must ignore some keys. A **mask** says which ones. In this course a
 # boolean mask means **True = may attend** (the convention of `F.scaled_dot_product_attention`).
 # Blocked scores are set to $-\infty$ before the softmax, so their weight is $e^{-\infty} = 0$.
+# (`nn.MultiheadAttention` reads boolean masks the opposite way, True = blocked; chapter 05
+# converts between the two.)
 #
 # **Padding masks.** Sentences in a batch have different lengths, so the short ones are
 # padded to the length of the longest. No query should attend to the padding.
-# `padding_mask(lengths, max_len=None)` builds that mask with shape `(B, 1, 1, Lk)`, `Lk` being
-# `max_len` or, without it, the longest length (exercise 1.3 writes it): the two 1s let it
-# broadcast over heads (chapter 03) and over queries. **Broadcasting** is PyTorch's rule for
-# combining tensors of different shapes: line the shapes up from the right, and stretch every
-# axis of size 1 to the other tensor's size (without copying). Against scores
-# `(B, H, Lq, Lk)`, every head and every query of sentence `b` gets the same row of keys.
+# `padding_mask(lengths, max_len=None)` returns `(B, 1, 1, Lk)`, where `Lk` is `max_len` or
+# else the longest length. You write your own in exercise 1.3.
+#
+# **Broadcasting** is PyTorch's rule for combining tensors of different shapes: line the shapes
+# up from the right, and stretch every axis of size 1 to the other tensor's size (without
+# copying). So against scores `(B, H, Lq, Lk)`, the two 1s give every head (chapter 03) and
+# every query of sentence `b` the same row of keys.
 
 # %%
 sentences = [["the", "movie", "was", "not", "bad"], ["great", "film", "<pad>", "<pad>", "<pad>"]]
@@ -293,12 +298,8 @@ print("mask shape:", tuple(keep.shape))
 print(keep[:, 0, 0])
 
 # %% [markdown]
-# The token vectors here are random: meaningful ones come with training (chapter 07). What
-# matters is where the zeros are. Look at the second sentence: no query attends to `<pad>`.
-# (The rows of the padding queries themselves are computed but simply ignored later.)
-# The strong diagonal, here and in the causal map below, has a simple cause: `x` supplies
-# both the queries and the keys, and a random vector matches itself best (chapter 02,
-# section 2 explains why).
+# We attend over random stand-in vectors `x` with the padding mask, and draw the second
+# sentence's map:
 
 # %%
 B, L, d_k = 2, 5, 8
@@ -316,6 +317,12 @@ plot_attention(padded[1], sentences[1], title="Padding mask: no attention to <pa
 plt.show()
 
 # %% [markdown]
+# The token vectors are random: meaningful ones come with training (chapter 07). What matters
+# is where the zeros are: no query attends to `<pad>`. (The rows of the padding queries
+# themselves are computed but simply ignored later.) The strong diagonal, here and in the
+# causal map below, has a simple cause: `x` supplies both the queries and the keys, and a
+# random vector matches itself best (chapter 02, section 2 explains why).
+#
 # **Causal masks.** A model that generates text one token at a time must not peek at tokens
 # it has not produced yet: query $i$ may attend to keys $0 \dots i$ only. The mask is the lower
 # triangle of an `(L, L)` matrix.
@@ -360,10 +367,10 @@ k = torch.randn(2, 3, 6, 8).to(device)
 v = torch.randn(2, 3, 6, 5).to(device)
 # Padding: sequence 0 has 6 real keys, sequence 1 has 3 real keys and 3 of padding.
 # Causal: query i may see keys 0 ... i. With 4 queries and 6 keys, that is the first 4 rows
-# of the (6, 6) lower triangle.
-mask = (padding_mask([6, 3]) & causal_mask(6)[:4]).to(device)  # (2, 1, 1, 6) & (4, 6) -> (2, 1, 4, 6)
+# of the (6, 6) lower triangle (query 0 lines up with key 0, as PyTorch's is_causal does when Lq ≠ Lk).
+pad, causal4 = padding_mask([6, 3]).to(device), causal_mask(6)[:4].to(device)  # (2, 1, 1, 6), (4, 6)
 
-for name, m in [("no mask", None), ("padding & causal mask", mask)]:
+for name, m in [("no mask", None), ("padding", pad), ("causal", causal4), ("padding & causal", pad & causal4)]:
     ours, ours_weights = attention(q, k, v, m)
     lib, lib_weights = mha_lib.scaled_dot_product_attention(q, k, v, m)
     torch_out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
@@ -380,7 +387,7 @@ for name, m in [("no mask", None), ("padding & causal mask", mask)]:
 
 # %%
 try:
-    mha_lib.scaled_dot_product_attention(q, torch.randn(2, 3, 6, 7, device=device), v)
+    mha_lib.scaled_dot_product_attention(q, torch.randn(2, 3, 6, 7).to(device), v)
 except ValueError as error:
     print("ValueError:", error)
 
@@ -392,7 +399,7 @@ except ValueError as error:
 # - The dot product is the score: large when query and key point the same way.
 # - Softmax runs over the keys (`dim=-1`); each query's weights are positive and sum to 1.
 # - Scores grow like $\sqrt{d_k}$; dividing by $\sqrt{d_k}$ keeps the softmax out of
-#   saturation, where gradients vanish.
+#   saturation, where the softmax's gradient vanishes.
 # - Masks block keys: True = may attend; blocked scores become $-\infty$, so their weight is 0.
 #   Padding masks hide padding, causal masks hide the future.
 # - In matrix form: $\text{softmax}(QK^\top/\sqrt{d_k})\,V$, with shapes

@@ -20,8 +20,9 @@
 # from the sentence itself: every token asks a question (its query), advertises what it has
 # (its key) and hands over some content (its value), and all three are computed from the
 # token's own embedding. Because the sequence attends to *itself*, this is called
-# **self-attention**, and one set of projections plus one attention computation is one
-# **attention head**.
+# **self-attention**, and one set of learned matrices that make the queries, keys and values
+# (the **projections** of section 3), plus one attention computation, is one **attention
+# head**.
 #
 # **By the end of this chapter you will be able to**
 #
@@ -128,9 +129,10 @@ plt.show()
 # Nearly all the weight sits on the diagonal: **every token attends to itself**, and the
 # output is little more than the token's own embedding. That is no accident. A vector's dot
 # product with itself is its squared length, $x \cdot x = \lVert x\rVert^2$, about `d_model`
-# for random embeddings, while its dot product with an unrelated vector is a sum of terms
-# with random signs, which mostly cancel: it grows only like $\sqrt{d_\text{model}}$. The wider the embeddings, the stronger the effect;
-# here is the average weight a token gives itself in random 5-token sentences:
+# here (`nn.Embedding` draws its entries from N(0, 1)). Its dot product with an unrelated
+# vector is a sum of terms with random signs that mostly cancel, typically only about
+# $\sqrt{d_\text{model}}$. The wider the embeddings, the stronger the effect; here is the
+# average weight a token gives itself in random 5-token sentences:
 
 # %%
 print("d_model   average self-weight")
@@ -170,8 +172,8 @@ print("scores equal their transpose:", torch.allclose(raw_scores, raw_scores.tra
 # tell the shapes apart. Stacking the tokens as the rows of $X$, one matrix product projects
 # them all: $Q = XW_q$.
 #
-# We start with random projections, scaled by $1/\sqrt{d_\text{model}}$ so that the projected
-# vectors have about the size of the embeddings.
+# We start with random projections, scaled by $1/\sqrt{d_\text{model}}$ so that each projected
+# coordinate has about the spread of an embedding coordinate (variance about 1).
 
 # %%
 d_k, d_v = 4, 6
@@ -218,8 +220,8 @@ plt.show()
 #
 # The three projections and the attention call make up one head. `mha_lib.AttentionHead`
 # packs them into an `nn.Module` with three `nn.Linear` layers named `W_q`, `W_k`, `W_v`;
-# its `forward` projects and then calls `mha_lib.scaled_dot_product_attention`, four lines
-# in all (read them in `mha_lib/single_head.py`).
+# its `forward` runs three projections and one attention call, plus input checks (read them
+# in `mha_lib/single_head.py`).
 #
 # One detail: `nn.Linear(d_model, d_k)` stores its weight as `(d_k, d_model)`, the
 # transpose of our `W_q`, and computes `x @ weight.T + bias`. To load our hand-made matrices
@@ -245,9 +247,10 @@ assert torch.allclose(head_out, out, atol=1e-5) and torch.allclose(head_weights,
 print("hand computation == AttentionHead (within 1e-5):", True)
 
 # %% [markdown]
-# The module takes the same arguments as the multi-head module of chapter 03, including a
-# `mask` for its `(B, Lq, Lk)` scores (chapter 01's masks, with a padding mask passed as
-# `padding_mask(lengths)[:, 0]`), and it tells you what is wrong when a shape does not fit:
+# The module takes the same arguments as the multi-head module of chapter 03. A head's scores
+# are `(B, Lq, Lk)`, so its `mask` must broadcast to that: `padding_mask(lengths)` from chapter
+# 01 is `(B, 1, 1, Lk)`, shaped for multi-head scores, so drop the head axis with
+# `padding_mask(lengths)[:, 0]`. The module also says what is wrong when a shape does not fit:
 
 # %%
 try:
@@ -274,8 +277,9 @@ except ValueError as error:
 # the embedding table $E$ `(7, 16)`: 7 equations, 16 unknowns. We only need *some* $w$ with
 # $E\,w = e_\text{bad}$, and with more unknowns than equations there are infinitely many.
 # Least squares looks for the $w$ with the smallest error $\lVert E\,w - e_\text{bad}\rVert^2$;
-# here that error is 0, and `torch.linalg.lstsq` returns the shortest of the exact solutions
-# (we call it on the CPU, where it handles systems with more unknowns than equations).
+# here that error is 0, and `torch.linalg.lstsq` returns the shortest exact solution. We call
+# it on the CPU, because on a GPU it only accepts systems with at least as many equations as
+# unknowns.
 
 # %%
 E = embed.weight.detach().cpu()  # (vocabulary size, d_model)
@@ -295,7 +299,8 @@ print("E @ is_not: ", (E @ is_not).round(decimals=3) + 0.0)
 
 # %% [markdown]
 # Now we load the detectors into a one-dimensional head. The query is multiplied by a
-# `sharpness` of 6: the score of "bad" looking at "not" becomes 6, every other score 0, and
+# `sharpness` of 6: the score of "bad" looking at "not" becomes 6 ($d_k = 1$, so dividing by
+# $\sqrt{d_k}$ changes nothing), every other score 0, and
 # softmax turns a gap of 6 into a clear preference ($e^6 \approx 400$).
 
 # %%
@@ -374,8 +379,10 @@ plt.show()
 
 # %% [markdown]
 # From a meaningless map to the target in 30 small steps, and the pattern is one-way where
-# we asked for it ("the" looks at "movie", "movie" does not look back at "the"), something raw
-# embeddings could never do. This fitted one pattern on one sentence; it did not learn
+# we asked for it ("the" looks at "movie", "movie" does not look back at "the"). Raw embeddings
+# alone can't give every pair of tokens the pattern we ask for: with queries and keys equal to
+# the embeddings, $x_i \cdot x_j \le \lVert x_i\rVert \lVert x_j\rVert$, so of any two tokens at
+# least one scores itself at least as high as the other. This fitted one pattern on one sentence; it did not learn
 # anything about language. In chapter 07 nobody writes down a target: the heads get only a
 # task's loss, and their patterns are whatever helps.
 #
@@ -425,7 +432,8 @@ plt.show()
 # For a single head, and for the multi-head module built from heads, a sentence is a **bag
 # of words**: "the dog bit the man" and "the man bit the dog" give every word the same
 # output. Language needs order, so the sources move on to **positional encoding** next (the
-# blog's Day 29): add to each embedding a vector that depends on its *position*. Once the
+# blog's Day 29; this course builds multi-head attention first, chapters 03 to 05, and returns
+# to positions in chapter 06): add to each embedding a vector that depends on its *position*. Once the
 # same word at another position has another input vector, the symmetry is broken. Random
 # position vectors are enough to see it (Vaswani et al. choose sines and cosines instead):
 

@@ -303,8 +303,8 @@ except RuntimeError as error:
 #
 # Two fixes, equivalent here: `.contiguous()` copies the numbers into row order and then `.view`
 # works (the post and the book do this), or `.reshape`, which copies only when it must. Here are
-# our two functions, checked against `mha_lib.split_heads` and `mha_lib.combine_heads` and
-# checked to be each other's inverse, on a random batch.
+# our two functions, checked against `mha_lib.split_heads` and `mha_lib.combine_heads`, and
+# checked that `combine` undoes `split`.
 
 # %%
 def split(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -442,9 +442,11 @@ except AttributeError as error:
 #     return self.split(q, k, v)              # 2) split_heads on each
 # ```
 #
-# Later chapters hook in between steps 2 and 3, each with one line that does nothing unless
+# Later chapters hook in between steps 2 and 3, each with an `if` that does nothing unless
 # asked: rotating queries and keys by their positions (chapter 06, `rotary=True`) and a cache of
-# past keys and values for decoding (chapter 10, `cache=`). Chapter 09's fused module replaces
+# past keys and values for decoding (chapter 10, `cache=`). Chapter 10 also lets groups of query
+# heads share key and value heads (`num_kv_heads=`, the `H_kv` in the file's shape comments).
+# Chapter 09's fused module replaces
 # two methods only: `project`, with one matrix for steps 1 and 2, and `attend`, with a fused
 # kernel for step 3.
 #
@@ -591,9 +593,10 @@ print("book's 8 heads:         ", tuple(scores_8.shape), " ranks", ranks_8)
 assert target_rank == n == 100 and ranks_8 == [64] * 8
 
 # %% [markdown]
-# So no head of 64 can produce the target exactly. How close can one come? The closest matrix
-# of rank at most `r` is the target's SVD cut to its `r` largest singular values (the
-# Eckart–Young theorem): nothing of rank `r` is closer. And a head can produce exactly that
+# So no head of 64 can produce the target exactly. How close can one come? Write the target's
+# SVD as `U diag(σ) Vᵀ` and keep its `r` largest singular values, `U_r diag(σ_r) V_rᵀ` (the
+# first `r` columns of `U` and `V`): by the Eckart–Young theorem no matrix of rank `r` is
+# closer. And a head can produce exactly that
 # matrix. The 100 tokens are linearly independent, so `X @ X_pinv` is the identity, and a head
 # with $W_q^{(h)}$ = `X_pinv @ U_r diag(σ_r)` and $W_k^{(h)}$ = `X_pinv @ V_r` (no biases, the
 # $1/\sqrt{d_k}$ folded into $W_q^{(h)}$, zero columns beyond `r`) scores
@@ -628,8 +631,9 @@ assert math.isclose(errors[8], math.sqrt(unreachable)) and round(unreachable, 3)
 # (0.147 ≈ √0.022); a pattern whose singular values fall off fast loses little.
 #
 # This is the *low-rank bottleneck* of Bhojanapalli et al. (2020). We measured the scores; they
-# state it for the attention weights, after the softmax (which acts entry by entry, so a head's
-# weights usually have full rank: what the head size limits is which patterns it can reach). A
+# state it for the attention weights, after the softmax (its `exp` acts entry by entry and
+# dividing each row by its sum keeps the rank, so a head's weights usually have full rank: what
+# the head size limits is which patterns it can reach). A
 # head whose size is at least the sequence length `n` can produce any pattern of positive weights
 # over `n` linearly independent tokens, and with a smaller head there are inputs and patterns that no choice of
 # its weights produces. With heads of `d_model / H`, every head is below `n` as soon as `H`
@@ -650,7 +654,8 @@ assert math.isclose(errors[8], math.sqrt(unreachable)) and round(unreachable, 3)
 # ## 6. Every head's attention map
 #
 # `return_weights=True` returns the weights of every head, `(B, H, Lq, Lk)`, and
-# `plot_attention(weights[0], tokens)` draws one panel per head for the first sequence. We use
+# `plot_attention(weights[0], labels)`, with one text label per token, draws one panel per
+# head for the first sequence. We use
 # the book's sentence with random token vectors and an untrained module of 4 heads.
 
 # %%
@@ -701,8 +706,8 @@ print(f"{num_heads} single heads on their weight slices, concatenated, then W_o 
 print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the module (within 1e-6)")
 
 # %% [markdown]
-# The module is faster than this loop because the split lets one batched matrix product do all
-# heads at once; chapter 09 goes further with fused projections and PyTorch's attention kernels.
+# The module does all heads in one batched matrix product instead of this Python loop; chapter
+# 09 goes further with fused projections and PyTorch's attention kernels.
 #
 # ## Recap
 #

@@ -181,8 +181,9 @@ check_scaled_dot_product_attention(scaled_dot_product_attention)
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
 # **Discussion.** Masking *before* the softmax matters: zeroing weights after it leaves rows
-# that no longer sum to 1. And `masked_fill` returns a new tensor, while `masked_fill_` (with
-# the underscore) would overwrite the caller's scores.
+# that no longer sum to 1. `masked_fill_` (in place) would be harmless here, because `scores`
+# is a new tensor; in place on `query` or `mask` it would change the caller's data, which the
+# check detects.
 # <!-- END SOLUTION -->
 #
 # <!-- EXERCISE ONLY
