@@ -128,21 +128,29 @@ def _blockwise_reads(fn: Callable[..., Any]) -> None:
                    "m_new, rescale what was accumulated by exp(m - m_new) instead of starting over.")
 
 
+_LARGE = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # two such vectors score 14² / √4 ≈ 100
+
+
+def _large_scores_output(fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, block: int, label: str,
+                         where: str) -> Tensor:
+    """The learner's output for float32 inputs with large scores, ``(2, Lq, d_v)``."""
+    out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block}, {label})")
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        out = out[0]
+    return expect_tensor(out, f"the output {where}", (2, q.size(-2), v.size(-1)), dtype=torch.float32,
+                         explain=" (..., Lq, d_v)")
+
+
 def _blockwise_stress(fn: Callable[..., Any]) -> None:
     """Float32 scores near +100 for the first queries and near -100 for the others: exp(score)
-    overflows without a maximum, and exp(score - m) underflows when m is not each query's own.
-    Then the same with a first block that scores low: a maximum taken from it alone overflows later."""
+    overflows without a maximum, and exp(score - m) underflows when m is not each query's own."""
     g = gen(63)
-    Lq, Lk, d_k, d_v, block = 4, 9, 4, 3, 4
-    u = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # 14² / √4 ≈ 100
+    Lq, Lk, d_k, d_v, block, u = 4, 9, 4, 3, 4, _LARGE
     k = (u + randn(g, 2, Lk, d_k, scale=0.6)).float()
     q = (torch.stack([u, u, -u, -u]) + randn(g, 2, Lq, d_k, scale=0.3)).float()  # queries 0, 1 high; 2, 3 low
     v = randn(g, 2, Lk, d_v, dtype=torch.float32)
-    out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block}, large scores)")
-    if isinstance(out, (tuple, list)) and len(out) == 2:
-        out = out[0]
     where = "with float32 scores near +100 (queries 0, 1) and near -100 (queries 2, 3)"
-    out = expect_tensor(out, f"the output {where}", (2, Lq, d_v), dtype=torch.float32, explain=" (..., Lq, d_v)")
+    out = _large_scores_output(fn, q, k, v, block, "large scores", where)
     expected = attend(q.double(), k.double(), v.double())[0]
     if close(out, expected):
         return
@@ -163,17 +171,13 @@ def _blockwise_rising(fn: Callable[..., Any]) -> None:
     """Scores near -100 in the first block and near +100 after it: a maximum that is taken from the
     first block and never raised lets exp(score - m) overflow."""
     g = gen(64)
-    Lq, Lk, d_k, d_v, block = 2, 9, 4, 3, 4
-    u = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64) * 14.0  # 14² / √4 ≈ 100
+    Lq, Lk, d_k, d_v, block, u = 2, 9, 4, 3, 4, _LARGE
     k = (u + randn(g, 2, Lk, d_k, scale=0.6)).float()
     k[..., :block, :] = (-u + randn(g, 2, block, d_k, scale=0.6)).float()  # the first block scores low
     q = (u + randn(g, 2, Lq, d_k, scale=0.3)).float()
     v = randn(g, 2, Lk, d_v, dtype=torch.float32)
-    out = call(fn, q.clone(), k.clone(), v.clone(), block, what=f"your function (block_size={block}, rising scores)")
-    if isinstance(out, (tuple, list)) and len(out) == 2:
-        out = out[0]
     where = "with float32 scores near -100 in the first block of keys and near +100 after it"
-    out = expect_tensor(out, f"the output {where}", (2, Lq, d_v), dtype=torch.float32, explain=" (..., Lq, d_v)")
+    out = _large_scores_output(fn, q, k, v, block, "rising scores", where)
     if close(out, attend(q.double(), k.double(), v.double())[0]):
         return
     if not bool(torch.isfinite(out).all()):
