@@ -18,7 +18,8 @@ The modules: ``_result`` (results, display), ``_calling`` (calling your code), `
 (validation, diagnosis), ``reference`` (the one reference implementation), then one
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
 ``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and
-``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder`` (07), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
+``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder``, ``ablated_logits``,
+``logit_terms`` and ``recount`` (07; their models in ``_sentiment``), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
 exercise), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
 """
 
@@ -32,6 +33,7 @@ from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_p
 from .positions import check_apply_rotary, check_rotary_attention
 from .alibi import check_alibi_bias
 from .encoder import check_encoder_layer, check_head_ablation
+from .ablated_logits import check_ablated_logits
 from .repeated_segments import check_repeated_segment_batch
 from .head_scores import check_induction_score, check_previous_token_score
 from .ablation_losses import check_ablation_losses
@@ -45,6 +47,7 @@ __all__ = [
     "CHECK_RAISE",
     "CheckFailed",
     "CheckResult",
+    "check_ablated_logits",
     "check_ablation_losses",
     "check_absorb_up_projections",
     "check_alibi_bias",

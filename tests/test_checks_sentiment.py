@@ -1,0 +1,297 @@
+"""The checks of chapter 07's science exercises: mean- and resample-ablation of heads at ``<cls>``
+(7.3), direct logit attribution (7.4) and a finding recounted from the seed study (7.5). Each passes
+differently written right answers, fails each mistake it names with that mistake's hint, reads a stub
+as "not implemented yet", and never crashes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import expect_fail, expect_pass
+from mha_lib import checks
+from mha_lib.checks import CheckResult
+
+NEW_CHECKS = [checks.check_ablated_logits]
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_a_stub_reads_not_implemented(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert result.status == "not implemented" and "not implemented yet" in str(result), result
+    assert str(result).startswith("⏳")
+
+
+@pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
+def test_garbage_never_crashes_the_check(check):
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42, lambda *a, **k: None,
+                    lambda *a, **k: (torch.zeros(1), torch.zeros(1)), lambda *a, **k: torch.zeros(2, 2),
+                    lambda *a, **k: {"head 0": torch.zeros(2)}, lambda *a, **k: torch.full((7, 2), math.nan),
+                    lambda *a, **k: (3, 4), lambda *a, **k: 0.5):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert "bug in mha_lib.checks" not in str(result), result
+
+
+# ------------------------------------------------------------------ 7.3 mean- and resample-ablation
+
+
+def cls_outputs(model, tokens, position=0):
+    """(N, H, d_k): each head's output at `position` as W_o receives it (None: every position, (N, L, H, d_k))."""
+    seen = []
+    handle = model.layers[0].self_attn.W_o.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    try:
+        model(tokens)
+    finally:
+        handle.remove()
+    x = seen[0].view(tokens.size(0), tokens.size(1), model.num_heads, -1)
+    return x if position is None else x[:, position]
+
+
+def ablated(model, tokens, heads, how, reference, generator=None, *, mistake=None):
+    """A learner-style answer with a forward pre-hook, with switches for the classic mistakes."""
+    attention = model.layers[0].self_attn
+    H = model.num_heads
+    B, M = tokens.size(0), reference.size(0)
+    was_training = model.training
+    if mistake != "train mode":
+        model.eval()
+    try:
+        with torch.no_grad():
+            every = cls_outputs(model, reference, None)  # (M, L', H, d_k)
+            at_cls = every[:, 0]
+            who = list(range(H)) if mistake == "every head" else list(heads)
+            if mistake == "evaluated mean":
+                at_cls = cls_outputs(model, tokens)
+            if how == "mean":
+                if mistake == "zero":
+                    values = torch.zeros_like(at_cls[0, who])
+                elif mistake == "all positions":
+                    values = every[:, :, who].mean((0, 1))
+                elif mistake == "real positions":
+                    real = (reference != 0).to(every.dtype)[:, :, None, None]
+                    values = (every[:, :, who] * real).sum((0, 1)) / real.sum((0, 1))
+                elif mistake == "mean over d_k":
+                    values = at_cls[:, who].mean(-1, keepdim=True).mean(0).expand(len(who), at_cls.size(-1))
+                elif mistake == "mean over heads":
+                    values = at_cls.mean((0, 1)).expand(len(who), -1)
+                else:
+                    values = at_cls[:, who].mean(0)
+            else:
+                pick = torch.randint(M, (B,), generator=None if mistake == "global generator" else generator)
+                if mistake == "no shuffle":
+                    pick = torch.arange(B) % M
+                elif mistake == "reseeded":
+                    generator.manual_seed(0)
+                    pick = torch.randint(M, (B,), generator=generator)
+                elif mistake == "one for the batch":
+                    pick = pick[:1].expand(B)
+                if mistake == "per head":
+                    picks = torch.stack([pick] + [torch.randint(M, (B,), generator=generator) for _ in who[1:]], 1)
+                    values = at_cls[picks, torch.tensor(who)]
+                elif mistake == "zero":
+                    values = torch.zeros_like(at_cls[pick][:, who])
+                else:
+                    values = at_cls[pick][:, who]
+            if mistake == "after W_o":
+                concat = every[:, 0].flatten(1)
+                post = attention.W_o(concat).view(M, H, -1)[:, who]
+                values = post.mean(0) if how == "mean" else post[pick]
+
+                def swap_after(module, args, output):
+                    out = output.clone()
+                    out[:, 0].view(B, H, -1)[:, who] = values
+                    return out
+
+                handle = attention.W_o.register_forward_hook(swap_after)
+            else:
+                def swap(module, args):
+                    x = args[0].clone()
+                    x[:, 0].view(B, H, -1)[:, who] = values
+                    return (x,)
+
+                handle = attention.W_o.register_forward_pre_hook(swap)
+            try:
+                logits = model(tokens)
+            finally:
+                if mistake != "hook left":
+                    handle.remove()
+            if mistake == "nothing replaced":
+                logits = model(tokens)
+            return logits
+    finally:
+        if mistake == "left in eval":
+            pass
+        elif mistake == "train at the end":
+            model.train()
+        elif mistake != "train mode":
+            model.train(was_training)
+
+
+def ablated_by_hand(model, tokens, heads, how, reference, generator=None):
+    """Written differently: the layer's steps redone by hand, the heads replaced with torch.where."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            layer, norm = model.layers[0], model.norm
+            attention = layer.self_attn
+            H = model.num_heads
+            d_k = attention.W_o.in_features // H
+
+            def heads_of(ids):  # (N, L, H * d_k), W_o's input, and the residual stream before the layer
+                L = ids.size(1)
+                x = model.token_embedding(ids) + model.position_embedding(torch.arange(L, device=ids.device))
+                h = layer.norm1(x)
+                q, k, v = (W(h).view(ids.size(0), L, H, d_k).transpose(1, 2)
+                           for W in (attention.W_q, attention.W_k, attention.W_v))
+                scores = q @ k.transpose(-2, -1) / d_k ** 0.5
+                scores = scores.masked_fill((ids == model.pad_id)[:, None, None, :], float("-inf"))
+                out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(ids.size(0), L, H * d_k)
+                return out, x
+
+            ref, _ = heads_of(reference)
+            ref = ref[:, 0].view(-1, H, d_k)  # (M, H, d_k)
+            if how == "mean":
+                values = ref.sum(0, keepdim=True).expand(tokens.size(0), H, d_k) / ref.size(0)
+            else:
+                draw = torch.randint(0, reference.size(0), (tokens.size(0),), generator=generator)
+                values = ref.index_select(0, draw.to(ref.device))
+            out, x = heads_of(tokens)
+            chosen = torch.zeros(H, 1, dtype=torch.bool, device=tokens.device)
+            chosen[list(heads)] = True
+            cls = torch.where(chosen, values, out[:, 0].view(-1, H, d_k)).flatten(1)  # (B, H * d_k)
+            out = torch.cat([cls[:, None], out[:, 1:]], 1)
+            x = x + attention.W_o(out)
+            x = x + layer.feed_forward(layer.norm2(x))
+            return model.classifier(norm(x[:, 0]))
+    finally:
+        model.train(was_training)
+
+
+def test_ablated_logits_passes_right_answers():
+    expect_pass(checks.check_ablated_logits(ablated))
+    expect_pass(checks.check_ablated_logits(ablated_by_hand))
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("zero", ("zero-ablation", "not zeros")),
+    ("every head", ("every head was replaced", "only the heads listed")),
+    ("evaluated mean", ("over the evaluated sentences", "reference")),
+    ("all positions", ("every position, padding included", "position 0")),
+    ("real positions", ("every word of the reference sentences", "position 0")),
+    ("mean over d_k", ("wrong axis", "d_k features")),
+    ("mean over heads", ("over the heads too", "its own mean")),
+    ("after W_o", ("after w_o", "pre-hook")),
+    ("nothing replaced", ("nothing was replaced", "the hook is registered")),
+    ("no shuffle", ("no shuffle", "at random")),
+    ("per head", ("different reference sentence for each head", "draw once per call")),
+    ("one for the batch", ("one reference sentence for the whole batch",)),
+    ("global generator", ("never drew from the generator passed in", "generator=generator")),
+    ("reseeded", ("re-seeded", "no manual_seed")),
+    ("hook left", ("left a hook", "handle.remove()")),
+    ("train mode", ("training mode", "dropout")),
+    ("left in eval", ("changed the mode of the model", "model.train(was_training)")),
+    ("train at the end", ("was in evaluation mode and is now in training mode", "model.train(was_training)")),
+])
+def test_ablated_logits_names_the_mistake(mistake, words):
+    expect_fail(checks.check_ablated_logits(lambda *a, m=mistake, **k: ablated(*a, **k, mistake=m)), *words)
+
+
+def test_ablated_logits_names_state_left_behind():
+    def frozen(model, *args):
+        out = ablated(model, *args)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return out
+
+    def unfrozen(model, *args):  # every parameter back to requires_grad=True, also the frozen embedding
+        out = ablated(model, *args)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return out
+
+    def edits_weights(model, tokens, heads, how, reference, generator=None):
+        out = ablated(model, tokens, heads, how, reference, generator)
+        with torch.no_grad():
+            model.layers[0].self_attn.W_o.weight[:, 0] = 0.0
+        return out
+
+    def grad_off(*args):
+        torch.set_grad_enabled(False)
+        return ablated(*args)
+
+    def clears_hooks(model, *args):
+        out = ablated(model, *args)
+        model.layers[0].self_attn.W_o._forward_pre_hooks.clear()
+        return out
+
+    def backward_left(model, tokens, heads, how, reference, generator=None):
+        model(tokens).sum().backward()
+        return ablated(model, tokens, heads, how, reference, generator)
+
+    try:
+        expect_fail(checks.check_ablated_logits(frozen), "requires_grad", "torch.no_grad()")
+        expect_fail(checks.check_ablated_logits(unfrozen), "requires_grad")
+        expect_fail(checks.check_ablated_logits(edits_weights), "changed the model's parameters")
+        expect_fail(checks.check_ablated_logits(grad_off), "gradients switched off", "with torch.no_grad()")
+        expect_fail(checks.check_ablated_logits(clears_hooks), "removed a hook that it did not add")
+        expect_fail(checks.check_ablated_logits(backward_left), "training mode")
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def test_ablated_logits_names_dtype_inputs_and_device():
+    expect_fail(checks.check_ablated_logits(lambda *a: ablated(*a).double()), "dtype torch.float64")
+    expect_fail(checks.check_ablated_logits(lambda *a: ablated(*a).T), "shape (2, 7)", "(b, 2)")
+
+    def changes_tokens(model, tokens, heads, how, reference, generator=None):
+        out = ablated(model, tokens, heads, how, reference, generator)
+        tokens[:, 1:] = 0
+        return out
+
+    expect_fail(checks.check_ablated_logits(changes_tokens), "changed its inputs in place")
+
+    def cpu_mask(model, tokens, heads, how, reference, generator=None):
+        """Right on the CPU; its keep-mask is made on the CPU, which a GPU refuses."""
+        H = model.num_heads
+        keep = torch.ones(H, 1)
+        keep[list(heads)] = 0.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                at_cls = cls_outputs(model, reference)
+                if how == "mean":
+                    values = at_cls.mean(0)[None]
+                else:
+                    values = at_cls[torch.randint(reference.size(0), (tokens.size(0),), generator=generator)]
+
+                def swap(module, args):
+                    x = args[0].clone()
+                    cls = x[:, 0].view(x.size(0), H, -1)
+                    x[:, 0] = (cls * keep.to(x.dtype) + values * (1 - keep.to(x.dtype))).flatten(1)
+                    return (x,)
+
+                handle = model.layers[0].self_attn.W_o.register_forward_pre_hook(swap)
+                try:
+                    return model(tokens)
+                finally:
+                    handle.remove()
+        finally:
+            model.train(was_training)
+
+    expect_fail(checks.check_ablated_logits(cpu_mask), "device 'meta'", "device=tokens.device", status="error")
+
+    from mha_lib.sentiment.attribution import replace_heads
+
+    def library(model, tokens, heads, how, reference, generator=None):
+        with replace_heads(model, heads, cls_outputs(model, reference)[:, heads].mean(0)):
+            return model(tokens)
+
+    expect_fail(checks.check_ablated_logits(library), "course's own answer")
