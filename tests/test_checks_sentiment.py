@@ -14,7 +14,7 @@ from conftest import expect_fail, expect_pass
 from mha_lib import checks
 from mha_lib.checks import CheckResult
 
-NEW_CHECKS = [checks.check_ablated_logits]
+NEW_CHECKS = [checks.check_ablated_logits, checks.check_logit_attribution]
 
 
 @pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
@@ -295,3 +295,171 @@ def test_ablated_logits_names_dtype_inputs_and_device():
             return model(tokens)
 
     expect_fail(checks.check_ablated_logits(library), "course's own answer")
+
+
+# ------------------------------------------------------------------ 7.4 direct logit attribution
+
+
+def attribution(model, tokens, *, mistake=None):
+    """A learner-style answer with hooks, with switches for the classic mistakes."""
+    layer, norm = model.layers[0], model.norm
+    W_o = layer.self_attn.W_o
+    H = model.num_heads
+    seen = {}
+    handles = [W_o.register_forward_pre_hook(lambda m, args: seen.__setitem__("heads", args[0])),
+               layer.feed_forward.register_forward_hook(lambda m, args, out: seen.__setitem__("ffn", out)),
+               norm.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))]
+    was_training = model.training
+    if mistake != "train mode":
+        model.eval()
+    try:
+        with torch.no_grad():
+            model(tokens)
+            p = -1 if mistake == "last position" else 0
+            d_k = W_o.in_features // H
+            heads = seen["heads"][:, p]
+            position = torch.full((1,), p % tokens.size(1), dtype=torch.long, device=tokens.device)
+            terms = {"embedding": model.token_embedding(tokens[:, p])
+                     + (0 if mistake == "no position" else model.position_embedding(position))}
+            for h in range(H):
+                if mistake == "bias in every head":
+                    keep = torch.zeros_like(heads)
+                    keep[:, h * d_k:(h + 1) * d_k] = heads[:, h * d_k:(h + 1) * d_k]
+                    terms[f"head {h}"] = W_o(keep)
+                else:
+                    terms[f"head {h}"] = heads[:, h * d_k:(h + 1) * d_k] @ W_o.weight[:, h * d_k:(h + 1) * d_k].T
+            if mistake != "no W_o bias":
+                terms["W_o bias"] = W_o.bias.expand_as(terms["embedding"])
+            terms["feed-forward"] = seen["ffn"][:, p]
+            x = seen["x"] if p == 0 else sum(terms.values())
+            sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+            w = model.classifier.weight[1] - model.classifier.weight[0]
+            b = model.classifier.bias[1] - model.classifier.bias[0]
+            if mistake == "wrong order":
+                w, b = -w, -b
+            gamma = torch.ones_like(norm.weight) if mistake == "no gamma" else norm.weight
+            out = {}
+            for name, t in terms.items():
+                s = (t.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt() if mistake == "sigma per term" else sigma
+                c = t if mistake == "not centred" else t - t.mean(-1, keepdim=True)
+                y = gamma * c / s
+                if mistake in ("beta in every term", "both biases in every term"):
+                    y = y + norm.bias
+                out[name] = y @ w
+                if mistake in ("classifier bias in every term", "both biases in every term"):
+                    out[name] = out[name] + b
+            out["constant"] = (norm.bias @ w + b).expand(tokens.size(0))
+            if mistake == "hook left":
+                handles.pop()
+            return out
+    finally:
+        for handle in handles:
+            handle.remove()
+        if mistake != "train mode":
+            model.train(was_training)
+
+
+def attribution_by_gradient(model, tokens):
+    """Written differently: LayerNorm's sigma frozen by hand, each term pushed through the linear map
+    x -> w . gamma * (x - mean x) / sigma, the layer's parts computed without hooks."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            layer, attention = model.layers[0], model.layers[0].self_attn
+            L = tokens.size(1)
+            x0 = model.token_embedding(tokens) + model.position_embedding(torch.arange(L, device=tokens.device))
+            h = layer.norm1(x0)
+            _, weights = attention(h, h, h, mask=(tokens != model.pad_id)[:, None, None, :], return_weights=True)
+            v = attention.W_v(h[:, :])  # (B, L, D)
+            H = model.num_heads
+            d_k = v.size(-1) // H
+            v = v.view(tokens.size(0), L, H, d_k)
+            per_head = torch.einsum("bhk,bkhd->bhd", weights[:, :, 0], v)  # (B, H, d_k) at <cls>
+            W = attention.W_o.weight.view(-1, H, d_k)  # (D, H, d_k)
+            head_terms = torch.einsum("bhd,ehd->bhe", per_head, W)  # (B, H, D)
+            x1 = x0 + attention(h, h, h, mask=(tokens != model.pad_id)[:, None, None, :])
+            ffn = layer.feed_forward(layer.norm2(x1))[:, 0]
+            parts = {"embedding": x0[:, 0], **{f"head {i}": head_terms[:, i] for i in range(H)},
+                     "W_o bias": attention.W_o.bias.expand_as(x0[:, 0]), "feed-forward": ffn}
+            x = x1[:, 0] + ffn
+            n = x.size(-1)
+            sigma = torch.sqrt(((x - x.mean(-1, keepdim=True)) ** 2).sum(-1, keepdim=True) / n + model.norm.eps)
+            direction = (model.classifier.weight[1] - model.classifier.weight[0]) * model.norm.weight  # (D,)
+            direction = direction - direction.mean()  # centring moved onto the direction: the same dot product
+            out = {name: (t / sigma) @ direction for name, t in parts.items()}
+            out["constant"] = model.norm.bias @ (model.classifier.weight[1] - model.classifier.weight[0]) + (
+                model.classifier.bias[1] - model.classifier.bias[0])
+            out["constant"] = out["constant"].expand(tokens.size(0)).clone()
+            return out
+    finally:
+        model.train(was_training)
+
+
+def test_logit_attribution_passes_right_answers():
+    expect_pass(checks.check_logit_attribution(attribution))
+    expect_pass(checks.check_logit_attribution(attribution_by_gradient))
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("not centred", ("not centred", "t.mean(-1, keepdim=true)")),
+    ("no gamma", ("gamma", "left out")),
+    ("sigma per term", ("sigma was recomputed for each term", "freeze sigma")),
+    ("beta in every term", ("beta (model.norm.bias) was counted in every term", "once into 'constant'")),
+    ("classifier bias in every term", ("classifier's bias was counted in every term",)),
+    ("both biases in every term", ("beta (model.norm.bias) and the classifier's bias",)),
+    ("no W_o bias", ("no 'w_o bias' term", "don't add up")),
+    ("bias in every head", ("w_o's bias was counted in every head's term", "its own slice")),
+    ("wrong order", ("wrong sign", "logit[1] - logit[0]")),
+    ("last position", ("wrong position", "[:, 0]")),
+    ("no position", ("no position embedding",)),
+    ("train mode", ("training mode", "dropout")),
+    ("hook left", ("left a hook",)),
+])
+def test_logit_attribution_names_the_mistake(mistake, words):
+    expect_fail(checks.check_logit_attribution(lambda *a, m=mistake: attribution(*a, mistake=m)), *words)
+
+
+def test_logit_attribution_names_more():
+    def float32(model, tokens):
+        return {name: t.float() for name, t in attribution(model, tokens).items()}
+
+    def renamed(model, tokens):
+        out = attribution(model, tokens)
+        out["ffn"] = out.pop("feed-forward")
+        return out
+
+    def as_tensor(model, tokens):
+        return torch.stack(list(attribution(model, tokens).values()))
+
+    def no_eps(model, tokens):
+        out = attribution(model, tokens)  # sigma rebuilt without eps: off by ~1e-6, more than float64's rounding
+        layer = model.layers[0]
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            x = layer(model.token_embedding(tokens) + model.position_embedding(
+                torch.arange(tokens.size(1), device=tokens.device)), (tokens != 0)[:, None, None, :])[:, 0]
+        model.train(was)
+        ratio = (x.var(-1, unbiased=False) + model.norm.eps).sqrt() / x.var(-1, unbiased=False).sqrt()
+        return {n: t * ratio if n != "constant" else t for n, t in out.items()}
+
+    def cpu_direction(model, tokens):
+        """Right on the CPU; its +-1 vector for the logit difference is made on the CPU, which a GPU refuses."""
+        out = attribution(model, tokens)
+        sign = torch.tensor([-1.0, 1.0], dtype=tokens.new_zeros(0).float().dtype).to(model.classifier.bias.dtype)
+        return out | {"constant": model.norm.bias @ (sign @ model.classifier.weight) + (sign @ model.classifier.bias)
+                      + torch.zeros_like(out["constant"])}
+
+    from mha_lib.sentiment.attribution import logit_attribution
+    from mha_lib.sentiment import Vocab
+
+    def library(model, tokens):
+        return logit_attribution(model, [Vocab.for_task().decode(row)[1:] for row in tokens], Vocab.for_task())
+
+    expect_fail(checks.check_logit_attribution(float32), "dtype torch.float32")
+    expect_fail(checks.check_logit_attribution(renamed), "missing: ['feed-forward']", "extra: ['ffn']")
+    expect_fail(checks.check_logit_attribution(as_tensor), "expected a dict")
+    expect_fail(checks.check_logit_attribution(no_eps), "sigma without layernorm's eps")
+    expect_fail(checks.check_logit_attribution(cpu_direction), "device 'meta'", "device=tokens.device", status="error")
+    expect_fail(checks.check_logit_attribution(library), "course's own answer")

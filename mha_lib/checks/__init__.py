@@ -34,6 +34,7 @@ from .positions import check_apply_rotary, check_rotary_attention
 from .alibi import check_alibi_bias
 from .encoder import check_encoder_layer, check_head_ablation
 from .ablated_logits import check_ablated_logits
+from .logit_terms import check_logit_attribution
 from .repeated_segments import check_repeated_segment_batch
 from .head_scores import check_induction_score, check_previous_token_score
 from .ablation_losses import check_ablation_losses
@@ -71,6 +72,7 @@ __all__ = [
     "check_head_ablation",
     "check_induction_score",
     "check_key_padding_mask_for_torch",
+    "check_logit_attribution",
     "check_masked_attention",
     "check_multi_head_attention",
     "check_padding_mask",
