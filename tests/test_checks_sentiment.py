@@ -14,7 +14,7 @@ from conftest import expect_fail, expect_pass
 from mha_lib import checks
 from mha_lib.checks import CheckResult
 
-NEW_CHECKS = [checks.check_ablated_logits, checks.check_logit_attribution]
+NEW_CHECKS = [checks.check_ablated_logits, checks.check_logit_attribution, checks.check_recount]
 
 
 @pytest.mark.parametrize("check", NEW_CHECKS, ids=lambda c: c.__name__)
@@ -463,3 +463,102 @@ def test_logit_attribution_names_more():
     expect_fail(checks.check_logit_attribution(no_eps), "sigma without layernorm's eps")
     expect_fail(checks.check_logit_attribution(cpu_direction), "device 'meta'", "device=tokens.device", status="error")
     expect_fail(checks.check_logit_attribution(library), "course's own answer")
+
+
+# ------------------------------------------------------------------ 7.5 a finding recounted from the study
+
+
+def recount(study, *, mistake=None):
+    """A learner-style answer reading the run dicts directly, with switches for the classic mistakes."""
+    k = n = 0
+    for run in study.runs:
+        if run.get("replica") and mistake != "replicas":
+            continue
+        if run["num_heads"] != 2 and mistake != "every head count":
+            continue
+        accuracy, base = run["heads"]["accuracy"], run["baselines"]
+        at = {"0.95": 0.95, "0.9": 0.9}.get(mistake, base["learned_at"])
+        worst = {"negated only": accuracy["negated"], "plain only": accuracy["plain"]}.get(
+            mistake, min(accuracy["negated"], accuracy["plain"]))
+        if worst < at and mistake != "unlearned":
+            continue
+        trained, before = run["heads"]["cls_to_not"], run["untrained"]["cls_to_not"]
+        if mistake == "word":
+            before = run["untrained"]["cls_to_word"]
+        h = trained.index(max(trained))
+        role = {"role 0.5": 0.5, "role read off": 0.5658, "uniform": base["uniform"]}.get(mistake, base["role"])
+        if trained[h] < role and mistake != "no role":
+            continue
+        n += 1
+        if mistake == "untrained head":
+            h = before.index(max(before))
+        if mistake == "grew":
+            k += trained[h] > before[h]
+        else:
+            k += all(before[h] > before[o] for o in range(len(before)) if o != h)
+    return k, n
+
+
+def recount_with_helpers(study):
+    """Written differently: the study's own helpers, a share and back."""
+    from mha_lib.sentiment.findings import independent, learned, negation_head_of
+
+    def counted(run):
+        return independent(run) and "heads" in run and learned(run) and \
+            run["heads"]["cls_to_not"][negation_head_of(run)] >= run["baselines"]["role"]
+
+    def leans(run):
+        before = torch.tensor(run["untrained"]["cls_to_not"])
+        return int(before.argmax()) == negation_head_of(run)
+
+    return study.count(leans, where=counted)
+
+
+def test_recount_passes_right_answers():
+    expect_pass(checks.check_recount(recount))
+    expect_pass(checks.check_recount(recount_with_helpers))
+    expect_pass(checks.check_recount(lambda s: tuple(torch.tensor(recount(s)))))  # 0-d integer tensors
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("replicas", ("replicas", "run.get('replica')")),
+    ("every head count", ("1, 4 and 8 heads", "num_heads")),
+    ("unlearned", ("did not learn",)),
+    ("0.95", ("0.95 typed in", "learned_at")),
+    ("0.9", ("0.9 typed in", "learned_at")),
+    ("negated only", ("negated sentences only", "min(")),
+    ("plain only", ("plain sentences only", "min(")),
+    ("role 0.5", ("0.5 typed in", "run['baselines']['role']")),
+    ("role read off", ("0.5658", "run['baselines']['role']")),
+    ("uniform", ("against uniform attention",)),
+    ("no role", ("role was not required",)),
+    ("word", ("sentiment word",)),
+    ("untrained head", ("picked from the untrained shares",)),
+    ("grew", ("compared with its own share before",)),
+])
+def test_recount_names_the_mistake(mistake, words):
+    expect_fail(checks.check_recount(lambda s, m=mistake: recount(s, mistake=m)), *words)
+
+
+def test_recount_names_answers_not_counted_from_the_argument():
+    from mha_lib.sentiment import load_study
+
+    committed = recount(load_study())
+    expect_fail(checks.check_recount(lambda study: committed), "committed study's count", "study.runs")
+    expect_fail(checks.check_recount(lambda study: (16, 25)), "the same answer", "not from load_study()")
+    expect_fail(checks.check_recount(lambda study: recount(study)[0] / recount(study)[1]), "one number", "(k, n)")
+    expect_fail(checks.check_recount(lambda study: (float(recount(study)[0]), recount(study)[1])), "whole numbers")
+
+    def sorts_in_place(study):
+        study.runs.sort(key=lambda run: run["seed"])
+        return recount(study)
+
+    def marks_runs(study):
+        for run in study.runs:
+            run["counted"] = True
+        return recount(study)
+
+    expect_fail(checks.check_recount(sorts_in_place), "changed the runs")
+    expect_fail(checks.check_recount(marks_runs), "changed the runs")
+    expect_fail(checks.check_recount(lambda study: (recount(study)[0] + 1, recount(study)[1])),
+                "you keep the right", "what you test")

@@ -35,6 +35,7 @@ from .alibi import check_alibi_bias
 from .encoder import check_encoder_layer, check_head_ablation
 from .ablated_logits import check_ablated_logits
 from .logit_terms import check_logit_attribution
+from .recount import check_recount
 from .repeated_segments import check_repeated_segment_batch
 from .head_scores import check_induction_score, check_previous_token_score
 from .ablation_losses import check_ablation_losses
@@ -54,6 +55,7 @@ __all__ = [
     "check_alibi_bias",
     "check_apply_rotary",
     "check_cached_attention",
+    "check_recount",
     "check_repeat_kv",
     "check_rotary_attention",
     "check_sliding_window_mask",
