@@ -13,6 +13,9 @@ A one-layer model can't build it. The package is split by job:
 - :mod:`~mha_lib.induction.train`: :func:`train_induction`, :func:`phase_change_step`.
 - :mod:`~mha_lib.induction.scores`: previous-token, self and induction scores, and what
   uniform attention would score.
+- :mod:`~mha_lib.induction.circuits`: the mechanism measured: a layer-1 head's output split
+  into its token, position and bias parts (and one part removed from layer 2's inputs), what
+  an induction head's OV circuit copies, and Elhage et al.'s weight-based composition scores.
 - The seed study the chapter quotes, made by ``python -m mha_lib.induction study``:
   :mod:`~mha_lib.induction.run` (one run, trained and measured), :mod:`~mha_lib.induction.study`
   (many runs, the committed file, and the shipped trained model of exercise 8.3) and

@@ -9,7 +9,9 @@ unembedding read, and the sum can be taken apart head by head.
 - :meth:`AttentionOnlyTransformer.head_outputs`: what each head writes into the stream,
   ``(B, H, L, D)`` per layer, its slice of ``W_o`` applied to its output.
 - ``forward(..., remove_from=...)``: subtract chosen heads' outputs from a later layer's
-  query, key or value input only (Q-, K-, V-composition), or from the unembedding's input.
+  query, key or value input only (Q-, K-, V-composition), or from the unembedding's input;
+  ``subtract=...`` does the same with any tensor, e.g. one part of a head's output
+  (:mod:`~mha_lib.induction.circuits`).
 - :func:`~mha_lib.silence_heads` on ``model.layers[l]`` removes a head from everything.
 """
 
@@ -122,9 +124,24 @@ class AttentionOnlyTransformer(nn.Module):
         W_o = layer.W_o.weight.reshape(layer.d_model, layer.num_heads, layer.d_k)  # (D, H, d_k)
         return torch.einsum("blhk,dhk->bhld", heads, W_o)  # (B, H, L, D); W_o's bias belongs to no head
 
-    def _run(self, tokens: Tensor, remove_from: Mapping[str, Iterable[HeadRef]] | None, keep_heads: bool):
+    def _check_subtract(self, subtract: Mapping[str, Tensor] | None, tokens: Tensor) -> dict[str, Tensor]:
+        checked = {}
+        for name, term in (subtract or {}).items():
+            if name not in INPUTS:
+                raise ValueError(f"subtract keys must be among {INPUTS} (query, key, value input of the later "
+                                 f"layers, the unembedding's input), got {name!r}")
+            shape = (*tokens.shape, self.d_model)
+            if not isinstance(term, Tensor) or not term.is_floating_point() or tuple(term.shape) != shape:
+                what = tuple(term.shape) if isinstance(term, Tensor) else type(term).__name__
+                raise ValueError(f"subtract[{name!r}] must be a float tensor (B, L, D) = {shape}, got {what}")
+            checked[name] = term
+        return checked
+
+    def _run(self, tokens: Tensor, remove_from: Mapping[str, Iterable[HeadRef]] | None, keep_heads: bool,
+             subtract: Mapping[str, Tensor] | None = None):
         remove = self._check_remove(remove_from)
-        x = self.embed(tokens)  # (B, L, D)
+        x = self.embed(tokens)  # (B, L, D); checks the tokens
+        extra = self._check_subtract(subtract, tokens)
         mask = causal_mask(tokens.size(1), device=tokens.device)  # (L, L)
         weights, per_head = [], []
         need_heads = keep_heads or any(remove.values())
@@ -132,6 +149,8 @@ class AttentionOnlyTransformer(nn.Module):
         def removed(name: str, upto: int) -> Tensor | int:
             """The sum of the outputs to remove from input ``name`` of a layer that reads layers ``< upto``."""
             terms = [per_head[l][:, h] for l, h in remove[name] if l < upto]
+            if name in extra and upto >= 1:  # the later layers' inputs and the unembedding's
+                terms.append(extra[name])
             return sum(terms) if terms else 0
 
         for i, layer in enumerate(self.layers):
@@ -156,6 +175,7 @@ class AttentionOnlyTransformer(nn.Module):
         return_weights: bool = False,
         *,
         remove_from: Mapping[str, Iterable[HeadRef]] | None = None,
+        subtract: Mapping[str, Tensor] | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits for every position.
 
@@ -168,13 +188,17 @@ class AttentionOnlyTransformer(nn.Module):
                 ``"k"``, ``"v"`` (the later layers' query, key, value inputs) and ``"out"`` (the
                 unembedding's input). Removing a head from all four equals
                 :func:`~mha_lib.silence_heads` on its layer.
+            subtract: ``{input: tensor (B, L, D)}``, subtracted from that input of every layer
+                after the first (same keys as ``remove_from``): any part of what the first
+                layer wrote, e.g. the position part of one head's output
+                (:func:`~mha_lib.induction.circuits.remove_parts`).
 
         Returns:
             logits ``(B, L, V)`` (position ``t`` predicts token ``t + 1``), or
             ``(logits, weights)`` with ``weights`` a list of ``(B, H, L, L)``, one per layer.
         """
         return_weights = check_flag(return_weights, "return_weights")
-        logits, weights, _ = self._run(tokens, remove_from, keep_heads=False)
+        logits, weights, _ = self._run(tokens, remove_from, keep_heads=False, subtract=subtract)
         return (logits, weights) if return_weights else logits
 
     def head_outputs(
