@@ -78,6 +78,8 @@ def ablated(model, tokens, heads, how, reference, generator=None, *, mistake=Non
                     values = (every[:, :, who] * real).sum((0, 1)) / real.sum((0, 1))
                 elif mistake == "mean over d_k":
                     values = at_cls[:, who].mean(-1, keepdim=True).mean(0).expand(len(who), at_cls.size(-1))
+                elif mistake == "sum":
+                    values = at_cls[:, who].sum(0)
                 elif mistake == "mean over heads":
                     values = at_cls.mean((0, 1)).expand(len(who), -1)
                 else:
@@ -187,6 +189,7 @@ def test_ablated_logits_passes_right_answers():
     ("real positions", ("every word of the reference sentences", "position 0")),
     ("mean over d_k", ("wrong axis", "d_k features")),
     ("mean over heads", ("over the heads too", "its own mean")),
+    ("sum", ("a sum over the reference sentences", ".mean(dim=0)")),
     ("after W_o", ("after w_o", "pre-hook")),
     ("nothing replaced", ("nothing was replaced", "the hook is registered")),
     ("no shuffle", ("no shuffle", "at random")),

@@ -105,7 +105,8 @@ def _mistakes(model: nn.Module, tokens: Tensor, heads: list[int], how: str, refe
     common: list[Mistake] = [
         ("nothing was replaced (these are the intact model's logits)", with_values(None),
          "Run the model *while* the hook is registered (inside the `with` block or before handle.remove()), and "
-         "return what the hook changes: the values written into W_o's input at position 0."),
+         "write into W_o's input at position 0 (<cls>): in a one-layer model a replacement at any other position "
+         "never reaches the classifier."),
         ("zero-ablation (the heads' outputs set to zero)",
          with_values(torch.zeros(len(heads), cls_ref.size(-1), dtype=cls_ref.dtype)),
          "Write the heads' mean output (how='mean') or a reference sentence's output (how='resample'), not zeros."),
@@ -115,6 +116,8 @@ def _mistakes(model: nn.Module, tokens: Tensor, heads: list[int], how: str, refe
         specific: list[Mistake] = [
             ("every head was replaced, not only those in `heads`", with_values(cls_ref.mean(0), everyone),
              "Replace only the heads listed in `heads`; the others keep their own outputs."),
+            ("a sum over the reference sentences instead of their mean", with_values(cls_ref[:, heads].sum(0)),
+             "Divide by the number of reference sentences: .mean(dim=0) of the (M, len(heads), d_k) outputs."),
             ("the mean was taken over the evaluated sentences (`tokens`), not over the reference sentences",
              with_values(own[:, 0, heads].mean(0)),
              "The mean comes from the reference sentences (the training sentences in the notebook), the same "
