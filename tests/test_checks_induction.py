@@ -517,3 +517,465 @@ def induction_score_with(weights, batch, t):
     keys = torch.where(queries, t - second + first + 1, 0)  # (B, L)
     picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1)  # (B, H, L)
     return (picked * queries[:, None]).sum(dim=(0, 2)) / queries.sum()
+
+
+# ------------------------------------------------------------------ 8.4 the token, position and bias parts
+
+PART_CHECKS = [checks.check_head_parts]
+
+
+@pytest.mark.parametrize("check", PART_CHECKS, ids=lambda c: c.__name__)
+def test_part_checks_read_a_stub_as_not_implemented(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert result.status == "not implemented" and str(result).startswith("⏳"), result
+
+
+@pytest.mark.parametrize("check", PART_CHECKS, ids=lambda c: c.__name__)
+def test_part_checks_never_crash_on_garbage(check):
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42, lambda *a, **k: None,
+                    lambda *a, **k: (torch.zeros(1), torch.zeros(1), torch.zeros(1)), lambda *a, **k: torch.zeros(2, 2),
+                    lambda *a, **k: {"token": torch.zeros(2)}, lambda *a, **k: torch.full((3, 2, 2, 2), math.nan),
+                    lambda *a, **k: (None, None, None), lambda *a, **k: 0.5):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert "bug in mha_lib.checks" not in str(result), result
+
+
+def _weights_of(model, tokens):
+    """Both layers' attention weights, in evaluation mode, the mode put back."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(tokens, return_weights=True)[1]
+    finally:
+        model.train(was_training)
+
+
+def parts_with(model, tokens, head, *, mistake=None):
+    """A learner-style split, with switches for the classic mistakes."""
+    layer = model.layers[0]
+    B, L = tokens.shape
+    H, d_k = layer.num_heads, layer.d_k
+    if mistake == "train mode":
+        with torch.no_grad():
+            weights = model(tokens, return_weights=True)[1]
+    elif mistake == "eval left":
+        model.eval()
+        with torch.no_grad():
+            weights = model(tokens, return_weights=True)[1]
+    else:
+        weights = _weights_of(model, tokens)
+    A = weights[1 if mistake == "layer 2" else 0][:, (head + 1) % H if mistake == "other head" else head]
+    if mistake in ("no attention", "uniform", "no weights", "no mask", "no scale"):
+        causal = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
+        if mistake == "no attention":
+            A = torch.eye(L, dtype=A.dtype).expand(B, L, L)
+        elif mistake == "uniform":
+            A = (causal / causal.sum(-1, keepdim=True)).to(A.dtype).expand(B, L, L)
+        elif mistake == "no weights":
+            A = causal.to(A.dtype).expand(B, L, L)
+        else:
+            x = model.embed(tokens)
+            rows = slice(head * d_k, (head + 1) * d_k)
+            q, k = layer.W_q(x)[..., rows], layer.W_k(x)[..., rows]
+            scores = q @ k.transpose(-2, -1) / (1.0 if mistake == "no scale" else math.sqrt(d_k))
+            if mistake == "no scale":
+                scores = scores.masked_fill(~causal, float("-inf"))
+            A = scores.softmax(-1).detach()
+    start = head if mistake == "slice" else head * d_k
+    rows = slice(start, start + d_k)
+    v_rows = slice(((head + 1) % H) * d_k, ((head + 2) % H) * d_k or H * d_k) if mistake == "W_v other head" else rows
+    o_rows = slice(((head + 1) % H) * d_k, ((head + 2) % H) * d_k or H * d_k) if mistake == "W_o other head" else rows
+    W_v, b_v = layer.W_v.weight[v_rows], layer.W_v.bias[v_rows]  # (d_k, D), (d_k,)
+    if mistake == "W_v columns":
+        W_v = layer.W_v.weight[:, rows].T
+    W_o = layer.W_o.weight[:, o_rows]  # (D, d_k)
+    if mistake == "W_o rows":
+        W_o = layer.W_o.weight[rows, :].T
+    E = model.token_embedding(tokens)
+    P = {"all rows": lambda: model.position_embedding, "last rows": lambda: model.position_embedding[-L:],
+         "by token": lambda: model.position_embedding[tokens]}.get(mistake, lambda: model.position_embedding[:L])()
+    if mistake == "embed":
+        E = model.embed(tokens)
+    token = A @ (E @ W_v.T @ W_o.T)
+    position = A @ (P @ W_v.T @ W_o.T)
+    bias = (b_v @ W_o.T).expand(B, L, -1)
+    b_o = layer.W_o.bias
+    if mistake == "b_o in bias":
+        bias = bias + b_o
+    if mistake == "b_o in token":
+        token = token + b_o
+    if mistake == "b_v forgotten":
+        bias = torch.zeros_like(bias)
+    if mistake == "b_v in token":
+        token, bias = token + bias, torch.zeros_like(bias)
+    if mistake == "b_v summed":
+        bias = torch.arange(1, L + 1, dtype=bias.dtype, device=bias.device)[:, None] * bias
+    if mistake == "cpu zeros":
+        bias = torch.zeros(B, L, bias.size(-1), dtype=bias.dtype) + bias
+    if mistake == "float32":
+        token, position, bias = token.float(), position.float(), bias.float()
+    if mistake == "swapped":
+        return position, token, bias
+    if mistake == "bias vector":
+        return token, position, b_v @ W_o.T
+    return token, position, bias
+
+
+def parts_by_hand(model, tokens, head):
+    """Written differently: the attention recomputed from the weights, einsum, one call of the values."""
+    layer = model.layers[0]
+    B, L = tokens.shape
+    d_k = layer.d_k
+    hs = slice(head * d_k, (head + 1) * d_k)
+    x = model.token_embedding(tokens) + model.position_embedding[:L]  # (B, L, D)
+    q = x @ layer.W_q.weight[hs].T + layer.W_q.bias[hs]
+    k = x @ layer.W_k.weight[hs].T + layer.W_k.bias[hs]
+    scores = torch.einsum("bqk,bsk->bqs", q, k) / d_k ** 0.5
+    future = torch.triu(torch.ones(L, L, dtype=torch.bool, device=tokens.device), diagonal=1)
+    A = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # no dropout: never in training mode
+    W_ov = layer.W_v.weight[hs].T @ layer.W_o.weight[:, hs].T  # (D, D)
+    token = torch.einsum("bqs,bsd->bqd", A, model.token_embedding(tokens) @ W_ov)
+    position = torch.einsum("bqs,sd->bqd", A, model.position_embedding[:L] @ W_ov)
+    bias = (layer.W_v.bias[hs] @ layer.W_o.weight[:, hs].T).repeat(B, L, 1)
+    return token.detach(), position.detach(), bias.detach()
+
+
+def parts_by_difference(model, tokens, head):
+    """Written differently: the bias part as what is left of the head's output, a dict returned."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            _, weights = model(tokens, return_weights=True)
+            total = model.head_outputs(tokens)[0][:, head]
+            layer = model.layers[0]
+            W = layer.W_v.weight.view(layer.num_heads, layer.d_k, -1)[head]  # (d_k, D)
+            O = layer.W_o.weight.view(-1, layer.num_heads, layer.d_k)[:, head]  # (D, d_k)
+            A = weights[0][:, head]
+            token = torch.bmm(A, torch.nn.functional.linear(torch.nn.functional.linear(model.token_embedding(tokens), W), O))
+            position = A @ torch.nn.functional.linear(torch.nn.functional.linear(model.position_embedding[:tokens.size(1)], W), O)
+    finally:
+        model.train(was_training)
+    return {"token": token, "position": position, "bias": total - token - position}
+
+
+def test_head_parts_passes_right_answers():
+    for fn in (parts_with, parts_by_hand, parts_by_difference):
+        expect_pass(checks.check_head_parts(fn))
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("b_o in bias", ("W_o's bias was added to the bias part", "belongs to no head")),
+    ("b_o in token", ("W_o's bias was added to the token or the position part",)),
+    ("b_v forgotten", ("W_v's bias was left out",)),
+    ("b_v in token", ("W_v's bias was counted in the token or the position part",)),
+    ("b_v summed", ("W_v's bias was summed over the keys without the attention weights",)),
+    ("last rows", ("position rows don't line up with the tokens", "[:L]")),
+    ("by token", ("looked up by token id",)),
+    ("other head", ("attention weights of another head", "weights[0][:, head]")),
+    ("layer 2", ("attention weights of layer 2",)),
+    ("no attention", ("not applied",)),
+    ("uniform", ("uniform attention weights",)),
+    ("no weights", ("values were summed over the keys without the attention weights",)),
+    ("no mask", ("causal mask was left out",)),
+    ("no scale", ("sqrt(d_k)",)),
+    ("W_o other head", ("W_o's columns of another head",)),
+    ("W_v other head", ("W_v's rows (and b_v) of another head",)),
+    ("slice", ("head : head + d_k",)),
+    ("W_o rows", ("W_o was not transposed",)),
+    ("W_v columns", ("W_v's columns were sliced",)),
+    ("embed", ("token part read the positions too", "model.token_embedding(tokens)")),
+    ("swapped", ("wrong order", "token, position, bias")),
+    ("train mode", ("training mode", "dropout")),
+    ("eval left", ("changed the mode", "model.train(was_training)")),
+    ("float32", ("dtype torch.float32", "torch.float64")),
+    ("bias vector", ("bias part", "expand")),
+])
+def test_head_parts_names_the_mistake(mistake, words):
+    expect_fail(checks.check_head_parts(lambda m, t, h, k=mistake: parts_with(m, t, h, mistake=k)), *words)
+
+
+def test_head_parts_names_state_and_device_mistakes():
+    expect_fail(checks.check_head_parts(lambda m, t, h: parts_with(m, t, h, mistake="all rows")),
+                "max_len tokens", "model.position_embedding[:L]", status="error")
+    expect_fail(checks.check_head_parts(lambda m, t, h: parts_with(m, t, h, mistake="cpu zeros")),
+                "device 'meta'", "device=tokens.device", status="error")
+
+    def every_head(model, tokens, head):
+        token, position, bias = parts_with(model, tokens, head)
+        return token[:, None].expand(-1, model.num_heads, -1, -1), position, bias
+
+    expect_fail(checks.check_head_parts(every_head), "every head's", "[:, head]")
+
+    def frozen(model, tokens, head):
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return parts_with(model, tokens, head)
+
+    expect_fail(checks.check_head_parts(frozen), "requires_grad")
+
+    def hook_left(model, tokens, head):
+        model.layers[0].W_o.register_forward_pre_hook(lambda module, args: None)
+        return parts_with(model, tokens, head)
+
+    expect_fail(checks.check_head_parts(hook_left), "left a hook")
+
+    def zeroes_w_o_bias(model, tokens, head):  # "so that W_o's bias stays out of it"
+        with torch.no_grad():
+            model.layers[0].W_o.bias.zero_()
+        return parts_with(model, tokens, head)
+
+    expect_fail(checks.check_head_parts(zeroes_w_o_bias), "changed the model's parameters")
+
+    def grad_off(model, tokens, head):
+        torch.set_grad_enabled(False)
+        return parts_with(model, tokens, head)
+
+    try:
+        expect_fail(checks.check_head_parts(grad_off), "gradients switched off")
+    finally:
+        torch.set_grad_enabled(True)
+
+    cache = {}
+
+    def remembers(model, tokens, head):
+        key = (id(model), tuple(tokens.shape), head)
+        if key not in cache:
+            cache[key] = parts_with(model, tokens, head)
+        return cache[key]
+
+    expect_fail(checks.check_head_parts(remembers), "remembers an earlier call")
+    from mha_lib.induction import circuits
+
+    expect_fail(checks.check_head_parts(
+        lambda m, t, h: tuple(v[:, h] for v in circuits.head_parts(m, t).values())), "course's own answer")
+
+
+# ------------------------------------------------------------------ 8.5 the OV circuit and the copying score
+
+
+def ov_circuit(model, layer, head):
+    attention = model.layers[layer]
+    rows = slice(head * attention.d_k, (head + 1) * attention.d_k)
+    W_U, E = model.unembed.weight, model.token_embedding.weight
+    return W_U @ attention.W_o.weight[:, rows] @ attention.W_v.weight[rows] @ E.T
+
+
+def copying_score(model, layer, head):
+    circuit = ov_circuit(model, layer, head)
+    own = torch.arange(circuit.size(0), device=circuit.device)
+    return (circuit.argmax(dim=0) == own).float().mean().item()
+
+
+def ov_circuit_rows_first(model, layer, head):
+    """Written differently: the transposed product (row b = source token) built from views, transposed back."""
+    attention = model.layers[layer]
+    H, d_k, D = attention.num_heads, attention.d_k, attention.d_model
+    W_v = attention.W_v.weight.view(H, d_k, D)[head]  # (d_k, D)
+    W_o = attention.W_o.weight.view(D, H, d_k)[:, head]  # (D, d_k)
+    with torch.no_grad():
+        by_source = model.token_embedding.weight @ W_v.T @ W_o.T @ model.unembed.weight.T  # (V, V): [b, a]
+    return by_source.T.contiguous()
+
+
+def copying_score_by_rows(model, layer, head):
+    """Written differently: the transposed circuit, the maximum of each row compared with its diagonal, a tensor."""
+    by_source = ov_circuit_rows_first(model, layer, head).T  # [b, a]
+    return (by_source.diagonal() == by_source.max(dim=1).values).to(by_source.dtype).mean()
+
+
+def copying_score_loop(model, layer, head):
+    circuit = ov_circuit(model, layer, head).detach()
+    V = circuit.size(0)
+    return sum(int(torch.argmax(circuit[:, b]) == b) for b in range(V)) / V
+
+
+def test_copying_score_passes_right_answers():
+    for fn in (ov_circuit, ov_circuit_rows_first):
+        expect_pass(checks.check_ov_circuit(fn))
+    for fn in (copying_score, copying_score_by_rows, copying_score_loop):
+        expect_pass(checks.check_copying_score(fn))
+
+
+def circuit_with(model, layer, head, *, mistake=None):
+    """A learner-style circuit, with switches for the classic mistakes."""
+    attention = model.layers[(layer + 1) % model.num_layers if mistake == "other layer" else layer]
+    H, d_k = attention.num_heads, attention.d_k
+    h = (head + 1) % H if mistake == "other head" else head
+    rows = slice(h * d_k, (h + 1) * d_k) if mistake != "slice" else slice(h, h + d_k)
+    W_v, W_o = attention.W_v.weight[rows], attention.W_o.weight[:, rows]
+    if mistake == "W_o rows":
+        W_o = attention.W_o.weight[rows, :].T
+    if mistake == "W_v columns":
+        W_v = attention.W_v.weight[:, rows].T
+    if mistake == "whole layer":
+        W_v, W_o = attention.W_v.weight, attention.W_o.weight
+    E = model.token_embedding.weight
+    if mistake == "positions":
+        E = E + model.position_embedding[0]
+    W_U = model.unembed.weight
+    if mistake == "transposed":
+        return E @ W_v.T @ W_o.T @ W_U.T
+    if mistake == "E untransposed":
+        return W_U @ W_o @ W_v @ E
+    values = W_v @ E.T
+    if mistake == "b_v":
+        values = values + attention.W_v.bias[rows][:, None]
+    written = W_o @ values
+    if mistake == "b_o":
+        written = written + attention.W_o.bias[:, None]
+    circuit = W_U @ written
+    if mistake == "b_U":
+        circuit = circuit + model.unembed.bias[:, None]
+    if mistake == "softmax":
+        circuit = circuit.softmax(dim=0)
+    if mistake == "scaled":
+        circuit = circuit / math.sqrt(d_k)
+    if mistake == "float64":
+        circuit = circuit.double()
+    if mistake == "cpu":
+        circuit = circuit + torch.zeros(circuit.shape, dtype=circuit.dtype)
+    return circuit
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("transposed", ("transposed", "[b, a]")),
+    ("E untransposed", ("untransposed",)),
+    ("b_v", ("W_v's bias was included",)),
+    ("b_o", ("W_o's bias was included",)),
+    ("b_U", ("unembedding's bias was included",)),
+    ("positions", ("positional embeddings were added to E",)),
+    ("other head", ("slices of another head",)),
+    ("other layer", ("other layer",)),
+    ("slice", ("head : head + d_k",)),
+    ("W_o rows", ("W_o's rows",)),
+    ("W_v columns", ("W_v's columns",)),
+    ("whole layer", ("whole layer",)),
+    ("softmax", ("softmax was applied",)),
+    ("scaled", ("1 / sqrt(d_k)",)),
+    ("float64", ("dtype torch.float64",)),
+])
+def test_ov_circuit_names_the_mistake(mistake, words):
+    expect_fail(checks.check_ov_circuit(lambda m, l, h, k=mistake: circuit_with(m, l, h, mistake=k)), *words)
+
+
+def score_with(model, layer, head, *, mistake=None, circuit=None):
+    """A learner-style score, with switches for the classic mistakes (on a right circuit unless one is given)."""
+    C = (circuit or ov_circuit)(model, layer, head).detach()
+    V = C.size(0)
+    own = torch.arange(V)
+    if mistake == "row":
+        return (C.argmax(dim=1) == own).float().mean().item()
+    if mistake == "count":
+        return int((C.argmax(dim=0) == own).sum())
+    if mistake == "positive":
+        return (C.diagonal() > 0).float().mean().item()
+    if mistake == "above mean":
+        return (C.diagonal() > C.mean(dim=0)).float().mean().item()
+    if mistake == "diagonal mean":
+        return C.diagonal().mean().item()
+    if mistake == "row softmax":
+        return (C.softmax(dim=1).argmax(dim=0) == own).float().mean().item()
+    if mistake == "other layer":
+        return copying_score(model, (layer + 1) % model.num_layers, head)
+    if mistake == "other head":
+        return copying_score(model, layer, (head + 1) % model.num_heads)
+    if mistake == "tensor of V":
+        return (C.argmax(dim=0) == own).float()
+    return (C.argmax(dim=0) == own).float().mean().item()
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("row", ("compared with its row",)),
+    ("count", ("number of tokens, not their share",)),
+    ("positive", ("positive diagonal entries",)),
+    ("above mean", ("column's mean",)),
+    ("diagonal mean", ("mean of the diagonal",)),
+    ("row softmax", ("softmax over each row",)),
+    ("other layer", ("other layer",)),
+    ("other head", ("another head",)),
+    ("tensor of V", ("shape (12,)", "one number")),
+])
+def test_copying_score_names_the_mistake(mistake, words):
+    expect_fail(checks.check_copying_score(lambda m, l, h, k=mistake: score_with(m, l, h, mistake=k)), *words)
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("b_U", ("unembedding's bias", "your copying_score builds")),
+    ("positions", ("positional embeddings", "your copying_score builds")),
+    ("transposed", ("compared with its row",)),
+])
+def test_copying_score_names_a_mistake_in_its_own_circuit(mistake, words):
+    own = lambda m, l, h, k=mistake: score_with(m, l, h, circuit=lambda *a: circuit_with(*a, mistake=k))  # noqa: E731
+    expect_fail(checks.check_copying_score(own), *words)
+
+
+def test_copying_score_names_state_and_device_mistakes():
+    def cpu_arange(model, layer, head):
+        C = ov_circuit(model, layer, head)
+        return (C.argmax(dim=0) == torch.arange(C.size(0))).float().mean().item()
+
+    expect_fail(checks.check_copying_score(cpu_arange), "device 'meta'", "device=circuit.device", status="error")
+    expect_fail(checks.check_ov_circuit(lambda m, l, h: circuit_with(m, l, h, mistake="cpu")), "device 'meta'",
+                status="error")
+
+    def frozen(model, layer, head):
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return ov_circuit(model, layer, head).detach()
+
+    expect_fail(checks.check_ov_circuit(frozen), "requires_grad")
+
+    def eval_left(model, layer, head):
+        model.eval()
+        return ov_circuit(model, layer, head)
+
+    expect_fail(checks.check_ov_circuit(eval_left), "changed the mode")
+    cache = {}
+
+    def remembers(model, layer, head):
+        key = (id(model), layer, head)
+        if key not in cache:
+            cache[key] = copying_score(model, layer, head)
+        return cache[key]
+
+    expect_fail(checks.check_copying_score(remembers), "before the weights changed")
+    circuits_seen = {}
+
+    def remembers_circuit(model, layer, head):
+        key = (id(model), layer, head)
+        if key not in circuits_seen:
+            circuits_seen[key] = ov_circuit(model, layer, head)
+        return circuits_seen[key]
+
+    expect_fail(checks.check_ov_circuit(remembers_circuit), "before the weights changed")
+    from mha_lib.induction import circuits
+
+    expect_fail(checks.check_ov_circuit(circuits.ov_circuit), "course's own answer")
+    expect_fail(checks.check_copying_score(circuits.copying_score), "course's own answer")
+
+    def stub_circuit(model, layer, head):
+        raise NotImplementedError
+
+    result = checks.check_copying_score(lambda m, l, h: score_with(m, l, h, circuit=stub_circuit))
+    assert result.status == "not implemented" and "stub_circuit" in str(result), result
+
+
+@pytest.mark.parametrize("check", [checks.check_ov_circuit, checks.check_copying_score], ids=lambda c: c.__name__)
+def test_copying_checks_read_stubs_and_survive_garbage(check):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert result.status == "not implemented" and str(result).startswith("⏳"), result
+    for garbage in (lambda *a, **k: "nonsense", lambda *a, **k: 1 / 0, 42, lambda *a, **k: None,
+                    lambda *a, **k: torch.zeros(2, 2), lambda *a, **k: math.nan, lambda *a, **k: [0.5],
+                    lambda *a, **k: torch.full((12, 12), math.nan, dtype=torch.float64), lambda *a, **k: True):
+        result = check(garbage)
+        assert isinstance(result, CheckResult) and not result, result
+        assert "bug in mha_lib.checks" not in str(result), result

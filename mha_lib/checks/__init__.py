@@ -39,6 +39,8 @@ from .recount import check_recount
 from .repeated_segments import check_repeated_segment_batch
 from .head_scores import check_induction_score, check_previous_token_score
 from .ablation_losses import check_ablation_losses
+from .head_parts import check_head_parts
+from .copying import check_copying_score, check_ov_circuit
 from .efficient import check_blockwise_attention, check_fused_projection
 from .inference import check_repeat_kv, check_sliding_window_mask
 from .kv_cache import check_cached_attention
@@ -67,16 +69,19 @@ __all__ = [
     "check_causal_padding_mask",
     "check_combine_heads",
     "check_copy_to_torch",
+    "check_copying_score",
     "check_cross_attention",
     "check_encoder_layer",
     "check_fused_projection",
     "check_halves_mask",
+    "check_head_parts",
     "check_head_ablation",
     "check_induction_score",
     "check_key_padding_mask_for_torch",
     "check_logit_attribution",
     "check_masked_attention",
     "check_multi_head_attention",
+    "check_ov_circuit",
     "check_padding_mask",
     "check_parameter_count",
     "check_previous_token_score",
