@@ -68,7 +68,11 @@ def ablated(model, tokens, heads, how, reference, generator=None, *, mistake=Non
             who = list(range(H)) if mistake == "every head" else list(heads)
             if mistake == "evaluated mean":
                 at_cls = cls_outputs(model, tokens)
-            if how == "mean":
+            if how == "mean" and mistake == "resample for mean":
+                values = at_cls[torch.randint(M, (B,), generator=generator)][:, who]
+            elif how == "resample" and mistake == "mean for resample":
+                values = at_cls[:, who].mean(0)
+            elif how == "mean":
                 if mistake == "zero":
                     values = torch.zeros_like(at_cls[0, who])
                 elif mistake == "all positions":
@@ -85,7 +89,10 @@ def ablated(model, tokens, heads, how, reference, generator=None, *, mistake=Non
                 else:
                     values = at_cls[:, who].mean(0)
             else:
-                pick = torch.randint(M, (B,), generator=None if mistake == "global generator" else generator)
+                among = B if mistake == "from the evaluated sentences" else M
+                pick = torch.randint(among, (B,), generator=None if mistake == "global generator" else generator)
+                if mistake == "from the evaluated sentences":
+                    at_cls = cls_outputs(model, tokens)
                 if mistake == "no shuffle":
                     pick = torch.arange(B) % M
                 elif mistake == "reseeded":
@@ -195,6 +202,9 @@ def test_ablated_logits_passes_right_answers():
     ("no shuffle", ("no shuffle", "at random")),
     ("per head", ("different reference sentence for each head", "draw once per call")),
     ("one for the batch", ("one reference sentence for the whole batch",)),
+    ("from the evaluated sentences", ("resampled outputs came from the evaluated sentences", "pick in [0, m)")),
+    ("mean for resample", ("the mean of the reference outputs instead of a resampled one",)),
+    ("resample for mean", ("resample-ablation (one reference sentence per evaluated sentence) instead of the mean",)),
     ("global generator", ("never drew from the generator passed in", "generator=generator")),
     ("reseeded", ("re-seeded", "no manual_seed")),
     ("hook left", ("left a hook", "handle.remove()")),
@@ -335,7 +345,7 @@ def attribution(model, tokens, *, mistake=None):
                 terms["W_o bias"] = W_o.bias.expand_as(terms["embedding"])
             terms["feed-forward"] = seen["ffn"][:, p]
             x = seen["x"] if p == 0 else sum(terms.values())
-            sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+            sigma = (x.var(-1, unbiased=mistake == "unbiased", keepdim=True) + norm.eps).sqrt()
             w = model.classifier.weight[1] - model.classifier.weight[0]
             b = model.classifier.bias[1] - model.classifier.bias[0]
             if mistake == "wrong order":
@@ -416,6 +426,7 @@ def test_logit_attribution_passes_right_answers():
     ("wrong order", ("wrong sign", "logit[1] - logit[0]")),
     ("last position", ("wrong position", "[:, 0]")),
     ("no position", ("no position embedding",)),
+    ("unbiased", ("sigma with the unbiased variance", "unbiased=false")),
     ("train mode", ("training mode", "dropout")),
     ("hook left", ("left a hook",)),
 ])
