@@ -16,8 +16,10 @@
 # %% [markdown]
 # # Exercises · Chapter 07 · Heads at work
 #
-# Two exercises: the forward pass of a pre-norm encoder layer, and head ablation, the tool
-# chapter 07 used to find out what each head is for.
+# Five exercises: the forward pass of a pre-norm encoder layer and zero-ablation (7.1, 7.2); then
+# the tools chapter 07 used to find out what each head is for, written by you: mean- and
+# resample-ablation (7.3) and direct logit attribution (7.4); and a question about the seed study
+# that the chapter does not answer, counted over its runs (7.5).
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -30,7 +32,15 @@ import torch
 from torch import nn
 
 from mha_lib import MultiHeadAttention, combine_heads, scaled_dot_product_attention, split_heads
-from mha_lib.checks import check_encoder_layer, check_head_ablation
+from mha_lib.checks import (
+    check_ablated_logits,
+    check_encoder_layer,
+    check_head_ablation,
+    check_logit_attribution,
+    check_recount,
+)
+from mha_lib.sentiment import load_study
+from mha_lib.sentiment.findings import independent, learned, negation_head_of
 
 # %% [markdown]
 # ## Exercise 7.1 · The encoder layer's forward pass
@@ -93,6 +103,123 @@ def silence_head(mha, x, head):
 check_head_ablation(silence_head)
 
 # %% [markdown]
+# ## Exercise 7.3 · Mean- and resample-ablation
+#
+# Zeros are a report a head never gives (chapter 07, section 6). Write
+# `ablated_logits(model, tokens, heads, how, reference, generator)`, which returns the logits
+# `(B, 2)` of a one-layer `SentimentClassifier` `model` on `tokens (B, L)` (ids from
+# `batch_examples`, on the model's device) with the output **at `<cls>`** (position 0) of each head
+# in the list `heads` replaced **just before `W_o`** (head `h` owns the features
+# `[h·d_k, (h+1)·d_k)` of `W_o`'s input):
+#
+# - `how == "mean"`: by the head's **mean** output at `<cls>` over the reference sentences
+#   `reference (M, L')` (in the notebook, the training sentences), the same for every sentence;
+# - `how == "resample"`: for sentence `b`, by the head's output at `<cls>` on reference sentence
+#   `pick[b]`, with `pick = torch.randint(M, (B,), generator=generator)` drawn **once** per call:
+#   every head in `heads` takes its output from the same reference sentence.
+#
+# Read the heads' outputs with a forward pre-hook on `model.layers[0].self_attn.W_o` (or by hand),
+# run the model in **evaluation mode**, and leave it as you found it: its mode, `requires_grad`,
+# hooks and parameters, and gradients switched on. **What the check enforces:** the logits keep the
+# model's dtype (it tries float32 and float64) and are made on its device (it runs your function
+# once more on the `meta` device, where a tensor made on the CPU fails as it would on a GPU):
+# create tensors with `device=tokens.device`, draw `pick` on the CPU with the generator you are
+# given and move it with `.to(tokens.device)`. The check hands you models in training mode, with
+# dropout, a hook of their own and frozen parameters.
+#
+# <details><summary>Hint 1</summary>
+#
+# Two forward passes: one on `reference` whose hook only *reads* `args[0][:, 0]`, viewed as
+# `(M, H, d_k)`; one on `tokens` whose hook *returns* a modified copy of `args[0]`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `was_training = model.training; model.eval()` before, and in a `finally:` block
+# `handle.remove()` and `model.train(was_training)`.
+# </details>
+
+# %%
+def ablated_logits(model, tokens, heads, how, reference, generator=None):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_ablated_logits(ablated_logits)
+
+# %% [markdown]
+# ## Exercise 7.4 · Direct logit attribution
+#
+# Write `logit_terms(model, tokens)`, returning a dict of tensors `(B,)`, one per term of
+# `<cls>`'s vector after the layer (chapter 07, section 7): `"embedding"` (token + position 0),
+# `"head 0"` ... `"head H-1"` (each head's output at `<cls>` through its slice of `W_o`'s weight),
+# `"W_o bias"`, `"feed-forward"`, and `"constant"`, such that with $\sigma$ frozen the terms
+# **add up to** `logit[1] - logit[0]` (positive minus negative):
+#
+# $$\text{term}_t = w \cdot \frac{\gamma \odot (t - \bar t)}{\sigma},\qquad
+# \text{constant} = w \cdot \beta + b_1 - b_0,\qquad
+# \sigma = \sqrt{\operatorname{var}(x) + \varepsilon}$$
+#
+# with $x$ the sum of the terms' vectors, $w$ = `classifier.weight[1] - classifier.weight[0]` and
+# $\gamma, \beta, \varepsilon$ = `model.norm.weight`, `.bias`, `.eps`. Evaluation mode, the model
+# left as you found it, as in 7.3. **What the check enforces:** every term in the model's dtype
+# (float32 and float64 are tried), shape `(B,)`, and made on the model's device (one more run on
+# the `meta` device: create tensors with `device=tokens.device`).
+#
+# <details><summary>Hint 1</summary>
+#
+# Hooks give you `W_o`'s input (the heads, side by side) and the feed-forward network's output;
+# take `[:, 0]` of each. `W_o.weight[:, h*d_k:(h+1)*d_k]` is head `h`'s slice.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Check yourself: `sum(terms.values())` must equal `logits[:, 1] - logits[:, 0]`. If it doesn't,
+# a piece of $x$ is missing, or $\beta$ or a bias is counted more than once.
+# </details>
+
+# %%
+def logit_terms(model, tokens):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_logit_attribution(logit_terms)
+
+# %% [markdown]
+# ## Exercise 7.5 · Did the negation head lean toward "not" before training?
+#
+# Which head becomes the negation head "can only depend on the seed" (chapter 07, section 5). But
+# does the seed already show it? Every run of the seed study also recorded, **before training**,
+# each head's share of `<cls>`'s attention on "not" (`run["untrained"]["cls_to_not"]`).
+#
+# Write `leaned_before(study)`, returning `(k, n)`: over the runs that are **independent**
+# (not a kernel-path replica), have **two heads**, **learned** (negated and plain accuracy at least
+# the run's `learned_at`) and whose **negation head** (the head with the larger trained share on
+# "not", `run["heads"]["cls_to_not"]`) **has a role** for it (share at least the run's `role`),
+# the number `k` in which that head's untrained share on "not" was already larger than the other
+# head's. Every threshold comes from the run's own `run["baselines"]`, never a number typed in:
+# the check counts on studies of its own, in the same format, with replicas, other numbers of
+# heads, runs that did not learn and other baselines (a task with four labels has another
+# `learned_at`). **What the check enforces:** two ints, the study left unchanged.
+# `mha_lib.sentiment.findings` has `independent`, `learned` and `negation_head_of`.
+#
+# Then answer with the committed study, `load_study()`: would a coin that picks one of the two
+# heads at random do as well? (With a fair coin, `k` or more of `n` happens with probability
+# $\sum_{i \ge k} \binom{n}{i} / 2^n$; `math.comb`.)
+
+# %%
+def leaned_before(study):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_recount(leaned_before)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/07_heads_at_work.ipynb`, then go on to chapter 08.
