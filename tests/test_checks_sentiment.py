@@ -89,10 +89,14 @@ def ablated(model, tokens, heads, how, reference, generator=None, *, mistake=Non
                 else:
                     values = at_cls[:, who].mean(0)
             else:
+                state_before = generator.get_state()
                 among = B if mistake == "from the evaluated sentences" else M
                 pick = torch.randint(among, (B,), generator=None if mistake == "global generator" else generator)
                 if mistake == "from the evaluated sentences":
                     at_cls = cls_outputs(model, tokens)
+                if mistake == "permutation":
+                    generator.set_state(state_before)
+                    pick = torch.randperm(M, generator=generator)[:B]
                 if mistake == "no shuffle":
                     pick = torch.arange(B) % M
                 elif mistake == "reseeded":
@@ -202,6 +206,7 @@ def test_ablated_logits_passes_right_answers():
     ("no shuffle", ("no shuffle", "at random")),
     ("per head", ("different reference sentence for each head", "draw once per call")),
     ("one for the batch", ("one reference sentence for the whole batch",)),
+    ("permutation", ("torch.randperm", "torch.randint(m, (b,), generator=generator)")),
     ("from the evaluated sentences", ("resampled outputs came from the evaluated sentences", "pick in [0, m)")),
     ("mean for resample", ("the mean of the reference outputs instead of a resampled one",)),
     ("resample for mean", ("resample-ablation (one reference sentence per evaluated sentence) instead of the mean",)),
@@ -438,6 +443,29 @@ def test_logit_attribution_names_more():
     def float32(model, tokens):
         return {name: t.float() for name, t in attribution(model, tokens).items()}
 
+    def layer_norm_per_term(model, tokens):
+        """The final LayerNorm and the classifier run on each term alone."""
+        out = attribution(model, tokens)
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            seen = {}
+            layer = model.layers[0]
+            handles = [layer.self_attn.W_o.register_forward_pre_hook(lambda m, a: seen.update(heads=a[0][:, 0])),
+                       layer.feed_forward.register_forward_hook(lambda m, a, o: seen.update(ffn=o[:, 0]))]
+            model(tokens)
+            for handle in handles:
+                handle.remove()
+            H, W_o = model.num_heads, layer.self_attn.W_o
+            d_k = W_o.in_features // H
+            vectors = {"embedding": model.token_embedding(tokens[:, 0]) + model.position_embedding.weight[0],
+                       **{f"head {h}": seen["heads"][:, h * d_k:(h + 1) * d_k] @ W_o.weight[:, h * d_k:(h + 1) * d_k].T
+                          for h in range(H)},
+                       "W_o bias": W_o.bias.expand(tokens.size(0), -1), "feed-forward": seen["ffn"]}
+            logits = {name: model.classifier(model.norm(v)) for name, v in vectors.items()}
+        model.train(was)
+        return {name: z[:, 1] - z[:, 0] for name, z in logits.items()} | {"constant": out["constant"]}
+
     def renamed(model, tokens):
         out = attribution(model, tokens)
         out["ffn"] = out.pop("feed-forward")
@@ -471,6 +499,7 @@ def test_logit_attribution_names_more():
     def library(model, tokens):
         return logit_attribution(model, [Vocab.for_task().decode(row)[1:] for row in tokens], Vocab.for_task())
 
+    expect_fail(checks.check_logit_attribution(layer_norm_per_term), "sigma was recomputed for each term")
     expect_fail(checks.check_logit_attribution(float32), "dtype torch.float32")
     expect_fail(checks.check_logit_attribution(renamed), "missing: ['feed-forward']", "extra: ['ffn']")
     expect_fail(checks.check_logit_attribution(as_tensor), "expected a dict")

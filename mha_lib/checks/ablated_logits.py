@@ -158,6 +158,10 @@ def _mistakes(model: nn.Module, tokens: Tensor, heads: list[int], how: str, refe
              lambda: _per_head(model, tokens, heads, cls_ref, state, M, B),
              "Draw once per call: pick = torch.randint(M, (B,), generator=generator); every head in `heads` takes "
              "its output on the same reference sentence pick[b], a whole report about one other sentence."),
+            ("a permutation (torch.randperm) instead of torch.randint",
+             lambda: with_values(cls_ref[_permutation(state, M)[:B]][:, heads])(),
+             "Draw with replacement, as the exercise says: pick = torch.randint(M, (B,), generator=generator), the "
+             "draw every resampled model is compared with."),
             ("one reference sentence for the whole batch", with_values(cls_ref[_draw(state, M, (1,))[0]][heads]),
              "One reference sentence per evaluated sentence: pick = torch.randint(M, (B,), generator=generator)."),
             ("the mean of the reference outputs instead of a resampled one", with_values(cls_ref[:, heads].mean(0)),
@@ -173,6 +177,12 @@ def _mistakes(model: nn.Module, tokens: Tensor, heads: list[int], how: str, refe
              "pre-hook on W_o), not of its output."),
         ]
     return common + specific
+
+
+def _permutation(state: Tensor, M: int) -> Tensor:
+    g = torch.Generator()
+    g.set_state(state)
+    return torch.randperm(M, generator=g)
 
 
 def _per_head(model: nn.Module, tokens: Tensor, heads: list[int], cls_ref: Tensor, state: Tensor, M: int,

@@ -112,7 +112,9 @@ def _mistakes(model: nn.Module, tokens: Tensor) -> list[Mistake]:
          variant(center=False), "Subtract each term's own mean over its d_model features: t - t.mean(-1, keepdim=True)."),
         ("gamma (model.norm.weight) was left out", variant(gamma=False),
          "LayerNorm multiplies by its gain: gamma * (t - mean(t)) / sigma."),
-        ("sigma was recomputed for each term (each term normalized on its own)", variant(sigma="own"),
+        ("sigma was recomputed for each term (each term normalized on its own, as if the LayerNorm ran on it alone)",
+         lambda: [terms(model, tokens, sigma="own", beta_each=beta, bias_each=bias)
+                  for beta, bias in ((False, False), (True, False), (True, True))],
          "Freeze sigma at its value for the whole vector x, the sum of the terms: sigma = sqrt(x.var(-1, "
          "unbiased=False) + eps), the same for every term."),
         ("sigma with the unbiased variance", variant(sigma="unbiased"),
