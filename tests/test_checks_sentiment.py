@@ -605,3 +605,14 @@ def test_recount_names_answers_not_counted_from_the_argument():
     expect_fail(checks.check_recount(marks_runs), "changed the runs")
     expect_fail(checks.check_recount(lambda study: (recount(study)[0] + 1, recount(study)[1])),
                 "you keep the right", "what you test")
+
+
+def test_the_checks_leave_the_random_state_the_threads_and_the_grad_mode_alone():
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    threads = torch.get_num_threads()
+    expect_pass(checks.check_ablated_logits(ablated))  # seeds its models, draws, runs on one thread
+    expect_pass(checks.check_logit_attribution(attribution))
+    expect_pass(checks.check_recount(recount))
+    assert torch.equal(torch.rand(1), before) and torch.get_num_threads() == threads and torch.is_grad_enabled()
