@@ -17,10 +17,14 @@ import torch
 
 from mha_lib.sentiment import load_study, make_datasets
 from mha_lib.sentiment.__main__ import parse_heads, parse_seeds
+from mha_lib.sentiment import findings as findings_module
 from mha_lib.sentiment.findings import (
     FINDINGS,
     STATED,
+    ablation_outcomes,
+    attended_polarities,
     check_findings,
+    colliding_pairs,
     count_findings,
     findings_table,
     independent,
@@ -28,7 +32,10 @@ from mha_lib.sentiment.findings import (
     learned,
     learning_order,
     negation_head_of,
+    outcome,
+    outcomes_table,
     robust_seeds,
+    sent_token,
     wording,
 )
 from mha_lib.sentiment.run import CONFIG, baselines, run_seed
@@ -57,7 +64,8 @@ def check_run(run: dict, halves: bool = True) -> None:
     assert set(heads["ablation"]) == {"zero", "mean", "resample"}
     for per_head in heads["ablation"].values():
         assert set(per_head) == {f"head {h}" for h in range(H)}
-        assert all(set(a) == {"negated", "plain"} for a in per_head.values())
+        assert all(set(a) == GROUPS_07 and all(0 <= x <= 1 for x in a.values()) for a in per_head.values())
+    assert set(heads["without_word"]) == {"plain", "negated"} and all(0 <= x <= 1 for x in heads["without_word"].values())
     for group, shares in heads["cls_shares"].items():
         assert group in GROUPS_07 and list(shares) == ["<cls>", "not", "sentiment word", "other words"]
         for h in range(H):  # each head's four shares add up to all of <cls>'s attention
@@ -113,6 +121,7 @@ def test_every_threshold_comes_from_its_baseline(study):
     assert base["role"] == pytest.approx(uniform + (1 - uniform) / 2, abs=1e-4)
     assert base["chance"] == 0.5 and base["learned_at"] == pytest.approx(1 - (1 - 0.5) / 10)
     assert base["near_chance"] == pytest.approx((base["chance"] + base["learned_at"]) / 2)
+    assert base["inverted"] == pytest.approx(base["chance"] - (base["near_chance"] - base["chance"]))  # mirrored
     with pytest.raises(ValueError, match="negated"):
         baselines([e for e in test if not e.negated])
 
@@ -137,7 +146,10 @@ def test_the_counts_support_the_chapters_wording(study):
     for name, said in STATED.items():
         k, n = counts[name]
         assert n >= 10, (name, k, n)  # each statement rests on many runs
-        assert wording(k, n) == said, (name, k, n)
+        if isinstance(said, tuple):  # the text gives the count itself
+            assert (k, n) == said, name
+        else:
+            assert wording(k, n) == said, (name, k, n)
 
 
 def test_learning_order_counts_ties_as_ties():
@@ -237,19 +249,20 @@ def test_command_line_errors():
 
 
 def test_wording_follows_the_count():
-    assert [wording(k, 10) for k in (10, 9, 6, 5, 1, 0)] == ["all", "most", "most", "some", "some", "none"]
+    assert [wording(k, 10) for k in (10, 9, 7, 6, 5, 1, 0)] == ["all", "most", "most", "some", "some", "some", "none"]
+    assert wording(16, 25) == "some" and wording(17, 25) == "most" and wording(14, 25) == "some"  # 2/3 = 16.7 of 25
     for k, n in ((1, 0), (-1, 4), (5, 4)):
         with pytest.raises(ValueError, match="0 <= k <= n"):
             wording(k, n)
 
 
 def test_findings_table_fails_when_the_study_stops_supporting_the_text(study, monkeypatch):
-    table = findings_table(study, ["2 heads: learned"])
-    k, n = count_findings(study)["2 heads: learned"]
+    table = findings_table(study, ["4 heads: learned"])
+    k, n = count_findings(study)["4 heads: learned"]
     assert f"{k:>3} of {n:<3}" in table and "most" in table
-    monkeypatch.setitem(STATED, "2 heads: learned", "all")  # what the text would say if it overclaimed
-    with pytest.raises(AssertionError, match="2 heads: learned.*the text says 'all'"):
-        findings_table(study, ["2 heads: learned"])
+    monkeypatch.setitem(STATED, "4 heads: learned", "all")  # what the text would say if it overclaimed
+    with pytest.raises(AssertionError, match="4 heads: learned.*the text says 'all'"):
+        findings_table(study, ["4 heads: learned"])
     with pytest.raises(KeyError, match="unknown findings"):
         findings_table(study, ["heads are detectives"])
 
@@ -267,3 +280,87 @@ def test_kernel_paths_are_a_robustness_check(study):
     run = next(r for r in flipped.runs if independent(r) and learned(r))
     run["heads"]["accuracy"]["negated"] = 0.5  # this seed now learned on one path only
     assert kernel_path_changes(flipped) == (k + 1, n) and run["seed"] not in robust_seeds(flipped)
+
+
+def _run_with(**baselines_moved: float) -> dict:
+    base = {"chance": 0.5, "learned_at": 0.95, "near_chance": 0.725, "inverted": 0.275, "uniform": 0.13, "role": 0.57}
+    return {"baselines": base | baselines_moved}
+
+
+def test_outcomes_come_from_the_baselines():
+    """still learned >= 95%, hurt >= 72.5%, near chance >= 27.5%, inverted below: each bound from
+    the run's baselines, so moving a baseline moves the outcome."""
+    run = _run_with()
+    assert [outcome(run, a) for a in (1.0, 0.95, 0.9, 0.725, 0.5, 0.275, 0.27, 0.0)] == [
+        "still learned", "still learned", "hurt", "hurt", "near chance", "near chance", "inverted", "inverted"]
+    assert outcome(_run_with(inverted=0.1), 0.2) == "near chance"
+    assert outcome(_run_with(learned_at=0.99), 0.97) == "hurt"
+    old = _run_with()
+    del old["baselines"]["inverted"]  # a run from before the baseline existed: the same mirror of near_chance
+    assert outcome(old, 0.27) == "inverted" and outcome(old, 0.28) == "near chance"
+
+
+def _one_head_run(sent: dict[str, str | None]) -> dict:
+    """A one-head run whose head sends each group the given role with share 0.9 (None: spread)."""
+    roles = ("<cls>", "not", "sentiment word", "other words")
+    shares = {group: {r: [0.9 if r == role else 0.1 / 3] if role else [0.25] for r in roles}
+              for group, role in sent.items()}
+    return _run_with() | {"num_heads": 1, "replica": False, "heads": {"cls_shares": shares}}
+
+
+def test_colliding_pairs_are_opposite_labels_with_the_same_token():
+    run = _one_head_run({"plain+": "sentiment word", "plain-": "sentiment word", "negated+": "not", "negated-": "not"})
+    assert sent_token(run, "negated+", 0) == "not" and colliding_pairs(run) == [("negated+", "negated-")]
+    run = _one_head_run({"plain+": "sentiment word", "plain-": "other words", "negated+": "sentiment word",
+                         "negated-": "not"})
+    assert colliding_pairs(run) == [("plain+", "negated+")]  # "good" and "not good" get the same word
+    run = _one_head_run({"plain+": "sentiment word", "plain-": "sentiment word", "negated+": "sentiment word",
+                         "negated-": "sentiment word"})
+    assert colliding_pairs(run) == [("plain+", "negated+"), ("plain-", "negated-")]  # "good" is not "bad"
+    run = _one_head_run({"plain+": None, "plain-": None, "negated+": None, "negated-": None})
+    assert colliding_pairs(run) == [] and sent_token(run, "plain+", 0) is None  # a spread head sends no one token
+    run = _one_head_run({"plain+": "other words", "plain-": "sentiment word", "negated+": "not",
+                         "negated-": "other words"})
+    assert colliding_pairs(run) == []  # "good" and "not bad" share their label: no collision
+
+
+def test_absence_reading_follows_the_unattended_polarity():
+    """A run that looks at positive words only reads a deleted word as negative, and the other way."""
+    shares = {g: {"<cls>": [0, 0], "not": [0, 0], "sentiment word": [0.0, 0.0], "other words": [1, 1]}
+              for g in ("plain+", "plain-", "negated+", "negated-")}
+    shares["plain+"]["sentiment word"] = [0.9, 0.1]  # "good" fetched by head 0; "bad" by no head
+    run = _run_with() | {"heads": {"cls_shares": shares, "without_word": {"plain": 0.1, "negated": 0.5}}}
+    assert attended_polarities(run) == (True, False)
+    assert findings_module._absence_read(run)  # 90% called negative: the polarity no head looks at
+    run["heads"]["without_word"]["plain"] = 0.5
+    assert not findings_module._absence_read(run)  # a coin's answer is no reading of absence
+    shares["plain+"]["sentiment word"] = [0.1, 0.1]
+    shares["plain-"]["sentiment word"] = [0.1, 0.9]
+    run["heads"]["without_word"]["plain"] = 0.8
+    assert attended_polarities(run) == (False, True) and findings_module._absence_read(run)
+
+
+def test_ablation_outcomes_count_each_group(study):
+    """The outcome table adds up to the runs that learned, group by group, and agrees with the
+    per-run accuracies it is made of."""
+    learned_runs = [r for r in study.runs if independent(r) and "heads" in r and learned(r)]
+    for who in ("negation", "other"):
+        for how in ("zero", "mean", "resample"):
+            counts = ablation_outcomes(study, who, how)
+            assert all(sum(c.values()) == len(learned_runs) for c in counts.values())
+    r = learned_runs[0]
+    expected = outcome(r, r["heads"]["ablation"]["mean"][f"head {negation_head_of(r)}"]["plain+"])
+    assert ablation_outcomes(Study(runs=[r]), "negation", "mean")["plain+"] == {expected: 1}
+    with pytest.raises(ValueError, match="who must be"):
+        ablation_outcomes(study, "third", "mean")
+    table = outcomes_table(study)
+    assert table.count("\n") == 6 and "mean-ablated negation head" in table
+
+
+def test_findings_table_checks_an_exact_count_where_the_text_gives_one(study, monkeypatch):
+    k, n = count_findings(study)["2 heads: learned"]
+    monkeypatch.setitem(STATED, "2 heads: learned", (k, n))
+    assert f"{k:>3} of {n:<3}" in findings_table(study, ["2 heads: learned"])
+    monkeypatch.setitem(STATED, "2 heads: learned", (k + 1, n))
+    with pytest.raises(AssertionError, match=f"the text says {k + 1} of {n}"):
+        findings_table(study, ["2 heads: learned"])

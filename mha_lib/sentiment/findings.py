@@ -10,16 +10,19 @@ The runs themselves: :mod:`.run` (one run) and :mod:`.study` (many, and the file
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import combinations
 
 from .attribution import ABLATIONS
-from .probes import FOUR_GROUPS
+from .probes import FOUR_GROUPS, ROLES
 from .run import Run
 from .study import HEADS, Study
 
-__all__ = ["FINDINGS", "STATED", "check_findings", "count_findings", "findings_table", "independent",
+__all__ = ["ABLATION_FINDINGS", "FINDINGS", "LABELS", "MOST", "OUTCOMES", "STATED", "ablation_outcomes", "attended_polarities",
+           "check_findings", "colliding_pairs", "count_findings", "findings_table", "independent",
            "kernel_path_changes", "learned", "learning_order", "negation_head_of", "other_head_of",
-           "other_heads_of", "robust_seeds", "wording"]
+           "other_heads_of", "outcome", "outcomes_table", "robust_seeds", "sent_token", "wording"]
 
 
 def independent(run: Run, num_heads: int | None = 2) -> bool:
@@ -82,11 +85,86 @@ def learning_order(run: Run) -> str:
     return "together" if plain == negated else "plain first" if plain < negated else "negated first"
 
 
+# Chapter 07's groups, by the label they should get (1 = positive): "negated+" is "not good".
+LABELS = {"plain+": 1, "plain-": 0, "negated+": 0, "negated-": 1}
+
+
+def sent_token(run: Run, group: str, h: int) -> str | None:
+    """What head ``h`` sends ``<cls>`` in ``group``: the role (``"not"``, ``"sentiment word"``,
+    ...) that gets the most of its attention, if that share reaches the run's ``role``
+    threshold; None when the head spreads its attention."""
+    shares = run["heads"]["cls_shares"][group]
+    top = max(ROLES, key=lambda role: shares[role][h])
+    return top if shares[top][h] >= _role(run) else None
+
+
+def colliding_pairs(run: Run, h: int = 0) -> list[tuple[str, str]]:
+    """The pairs of groups with *opposite* labels to which head ``h`` sends the same token:
+    "not" in "not good" and "not bad", a sentiment word of one polarity with and without "not",
+    ``<cls>`` or the other words anywhere. Whatever reads that head then gets (nearly) the same
+    vector for two sentences that need opposite answers."""
+    pairs = []
+    for a, b in combinations(FOUR_GROUPS, 2):
+        token = sent_token(run, a, h)
+        same = token is not None and token == sent_token(run, b, h) and (
+            token != "sentiment word" or a[-1] == b[-1])  # a word is the same word only at the same polarity
+        if same and LABELS[a] != LABELS[b]:
+            pairs.append((a, b))
+    return pairs
+
+
+def _weaker_of_collision(run: Run) -> float:
+    """The lowest accuracy over the groups of :func:`colliding_pairs` (head 0)."""
+    return min(run["heads"]["accuracy"][g] for pair in colliding_pairs(run) for g in pair)
+
+
+def attended_polarities(run: Run) -> tuple[bool, bool]:
+    """Whether some head gives the sentiment word ``role`` of ``<cls>``'s attention in "good"
+    sentences and in "bad" ones (plain)."""
+    shares = run["heads"]["cls_shares"]
+    return tuple(max(shares[g]["sentiment word"]) >= _role(run) for g in ("plain+", "plain-"))  # type: ignore[return-value]
+
+
+def _absence_read(run: Run) -> bool:
+    """In a run that attends to one polarity's words only, plain sentences with their sentiment
+    word deleted are read as the *other* polarity, in more than ``near_chance`` of them."""
+    positive_seen, negative_seen = attended_polarities(run)
+    positive_share = run["heads"]["without_word"]["plain"]  # share predicted positive
+    unattended_positive = negative_seen and not positive_seen
+    share = positive_share if unattended_positive else 1 - positive_share
+    return share >= run["baselines"]["near_chance"]
+
+
 _TWO = lambda r: independent(r) and "heads" in r  # noqa: E731
 _TWO_LEARNED = lambda r: _TWO(r) and learned(r)  # noqa: E731
+_ONE_POLARITY = lambda r: _TWO_LEARNED(r) and sum(attended_polarities(r)) == 1  # noqa: E731
+
+
+OUTCOMES = ("still learned", "hurt", "near chance", "inverted")
+
+
+def _inverted_at(run: Run) -> float:
+    """Below this accuracy a group is *inverted*: as far below chance as ``near_chance`` is above."""
+    base = run["baselines"]
+    return base.get("inverted", 2 * base["chance"] - base["near_chance"])
+
+
+def outcome(run: Run, accuracy: float) -> str:
+    """One of :data:`OUTCOMES`, from the run's baselines: ``"still learned"`` (at least
+    ``learned_at``, 95%), ``"hurt"`` (below that, above near chance), ``"near chance"`` (from
+    27.5% up to 72.5%: closer to a guess than to having learned) or ``"inverted"`` (below 27.5%:
+    the model gives the *opposite* label, as far from chance as "near chance" allows on the
+    other side)."""
+    base = run["baselines"]
+    if accuracy >= base["learned_at"]:
+        return "still learned"
+    if accuracy >= base["near_chance"]:
+        return "hurt"
+    return "near chance" if accuracy >= _inverted_at(run) else "inverted"
 
 
 def _near_chance(run: Run, accuracy: float) -> bool:
+    """Near chance *or worse*: below ``near_chance`` (72.5%), inverted groups included."""
     return accuracy < run["baselines"]["near_chance"]
 
 
@@ -147,18 +225,35 @@ FINDINGS: dict[str, tuple[Callable[[Run], bool], Callable[[Run], bool]]] = {
                                     for g in ("plain+", "plain-")) >= _role(r)),
     "the sentiment word looks at 'not' more than uniform attention": (
         _TWO_LEARNED, lambda r: max(r["heads"]["word_to_not"]) > r["baselines"]["uniform"]),
+    "plain: one polarity's word gets a role, the other's none": (
+        _TWO_LEARNED, lambda r: sum(attended_polarities(r)) == 1),
+    "plain, word deleted: read as the polarity no head looks at": (_ONE_POLARITY, _absence_read),
 }
-# section 6: each head ablated each way (zero, mean, resample), on the
-# group it should matter for: the other head on negated sentences, the negation head on plain ones
-for _who, _head_of, _group in (("other", other_head_of, "negated"), ("negation", negation_head_of, "plain")):
-    for _how in ABLATIONS:
-        FINDINGS[f"{_how}-ablating the {_who} head: {_group} near chance"] = (
-            _TWO_LEARNED, lambda r, how=_how, head_of=_head_of, group=_group:
-            _near_chance(r, _ablated(r, how, head_of(r), group)))
-del _who, _head_of, _group, _how
+# section 6: each head ablated each way (zero, mean, resample), read group by group
+_PLAIN = ("plain+", "plain-")
+for _how in ABLATIONS:
+    for _who, _head_of, _its, _others in (("negation", negation_head_of, _PLAIN, _NEGATED),
+                                          ("other", other_head_of, _NEGATED, _PLAIN)):
+        def _outcomes(r: Run, how: str = _how, head_of: Callable[[Run], int] = _head_of,
+                      groups: Sequence[str] = _its) -> list[str]:
+            return [outcome(r, _ablated(r, how, head_of(r), g)) for g in groups]
+
+        def _kept(r: Run, how: str = _how, head_of: Callable[[Run], int] = _head_of,
+                  groups: Sequence[str] = _others) -> bool:
+            return all(outcome(r, _ablated(r, how, head_of(r), g)) == "still learned" for g in groups)
+
+        _where = "a plain group" if _who == "negation" else "a negated group"
+        FINDINGS[f"{_how}-ablating the {_who} head: {_where} near chance or inverted"] = (
+            _TWO_LEARNED, lambda r, f=_outcomes: any(o in ("near chance", "inverted") for o in f(r)))
+        FINDINGS[f"{_how}-ablating the {_who} head: {_where} inverted"] = (
+            _TWO_LEARNED, lambda r, f=_outcomes: "inverted" in f(r))
+        FINDINGS[f"{_how}-ablating the {_who} head: both {'plain' if _who == 'negation' else 'negated'} groups inverted"] = (
+            _TWO_LEARNED, lambda r, f=_outcomes: all(o == "inverted" for o in f(r)))
+        FINDINGS[f"{_how}-ablating the {_who} head: both {'negated' if _who == 'negation' else 'plain'} groups still learned"] = (
+            _TWO_LEARNED, _kept)
+del _who, _head_of, _its, _others, _how, _where, _outcomes, _kept
+ABLATION_FINDINGS = [name for name in FINDINGS if "-ablating the " in name]
 FINDINGS |= {
-    "mean-ablating the negation head: negated not near chance": (
-        _TWO_LEARNED, lambda r: not _near_chance(r, _ablated(r, "mean", negation_head_of(r), "negated"))),
     "negation head, negated: zero-ablation costs more than mean": (
         _TWO_LEARNED, lambda r: _ablated(r, "zero", negation_head_of(r), "negated")
         < _ablated(r, "mean", negation_head_of(r), "negated")),
@@ -181,6 +276,10 @@ for _H in HEADS:
     if _H == 1:
         FINDINGS["1 head: negated sentences near chance"] = (
             _RUNS_H, lambda r: _near_chance(r, r["heads"]["accuracy"]["negated"]))
+        FINDINGS["1 head: two groups with opposite labels get the same token"] = (
+            _RUNS_H, lambda r: bool(colliding_pairs(r)))
+        FINDINGS["1 head: the weaker group of a colliding pair near chance or worse"] = (
+            lambda r, f=_RUNS_H: f(r) and bool(colliding_pairs(r)), lambda r: _near_chance(r, _weaker_of_collision(r)))
     if _H > 1:
         FINDINGS[f"{_H} heads: mean-ablating one head leaves a group near chance"] = (
             lambda r, f=_RUNS_H: f(r) and learned(r), _some_head_needed)
@@ -200,42 +299,54 @@ def kernel_path_changes(study: Study) -> tuple[int, int]:
     return sum(learned(a) != learned(b) for a, b in pairs), len(pairs)
 
 
-# How much of the chapters' wording each count supports: "all" (in every run), "most" (in more
-# than half of them), "some" (in at least one, not all), "none".
-STATED: dict[str, str] = {
+# How much of the chapters' wording each count supports: "all" (in every run), "most" (in at
+# least two thirds of them), "some" (in at least one, fewer than two thirds), "none"; or, where the
+# text gives the count itself, that count, (k, n).
+STATED: dict[str, str | tuple[int, int]] = {
     "untrained: no head has a role": "all",
-    "not learned: negated sentences near chance": "most",
-    "plain sentences learned first": "most",
-    "plain and negated learned together": "some",
-    "negated sentences learned first": "some",
+    "not learned: negated sentences near chance": (9, 16),
+    "plain sentences learned first": (14, 24),
+    "plain and negated learned together": (8, 24),
+    "negated sentences learned first": (2, 24),
     "negation head in place when negated sentences are learned": "most",
     "a negation head": "most",
-    "the other head brings the sentiment word": "most",
-    "the other head brings the word in both negated groups": "some",
+    "the other head brings the sentiment word": "all",
+    "the other head brings the word in both negated groups": (4, 24),
     "the other head looks at 'not' in the other negated group": "most",
     "plain: the negation head brings the sentiment word": "most",
     "the sentiment word looks at 'not' more than uniform attention": "most",
-    "zero-ablating the other head: negated near chance": "most",
-    "mean-ablating the other head: negated near chance": "all",
-    "resample-ablating the other head: negated near chance": "all",
-    "zero-ablating the negation head: plain near chance": "most",
-    "mean-ablating the negation head: plain near chance": "most",
-    "resample-ablating the negation head: plain near chance": "most",
-    "mean-ablating the negation head: negated not near chance": "most",
-    "negation head, negated: zero-ablation costs more than mean": "most",
+    "plain: one polarity's word gets a role, the other's none": (10, 24),
+    "plain, word deleted: read as the polarity no head looks at": "all",
+    "zero-ablating the other head: a negated group near chance or inverted": "all",
+    "mean-ablating the other head: a negated group near chance or inverted": "all",
+    "resample-ablating the other head: a negated group near chance or inverted": "all",
+    "mean-ablating the other head: a negated group inverted": "most",
+    "mean-ablating the other head: both negated groups inverted": "none",
+    "zero-ablating the negation head: a plain group near chance or inverted": (16, 24),
+    "mean-ablating the negation head: a plain group near chance or inverted": "most",
+    "resample-ablating the negation head: a plain group near chance or inverted": "all",
+    "zero-ablating the negation head: a plain group inverted": (11, 24),
+    "mean-ablating the negation head: a plain group inverted": (16, 24),
+    "resample-ablating the negation head: a plain group inverted": (11, 24),
+    "mean-ablating the negation head: both plain groups inverted": (5, 24),
+    "mean-ablating the negation head: both negated groups still learned": (15, 24),
+    "resample-ablating the negation head: both negated groups still learned": "none",
+    "negation head, negated: zero-ablation costs more than mean": (14, 24),
     "negation head, negated: resample costs more than mean": "most",
     "negated: other head's logit term > negation head's": "most",
     "feed-forward term toward the right label in every group": "all",
-    "without the feed-forward network: still learned": "most",
+    "without the feed-forward network: still learned": (16, 24),
     "1 head: learned": "none",
-    "1 head: negated sentences near chance": "most",
-    "2 heads: learned": "most",
+    "1 head: negated sentences near chance": (15, 24),
+    "1 head: two groups with opposite labels get the same token": "most",
+    "1 head: the weaker group of a colliding pair near chance or worse": "all",
+    "2 heads: learned": (24, 40),
     "4 heads: learned": "most",
     "8 heads: learned": "all",
     "2 heads: mean-ablating one head leaves a group near chance": "all",
     "4 heads: mean-ablating one head leaves a group near chance": "all",
     "8 heads: mean-ablating one head leaves a group near chance": "most",
-    "4 heads: two or more heads on 'not'": "some",
+    "4 heads: two or more heads on 'not'": (11, 23),
     "8 heads: two or more heads on 'not'": "most",
 }
 
@@ -247,18 +358,23 @@ def robust_seeds(study: Study, num_heads: int = 2) -> list[int]:
             and r["seed"] in replicas and learned(r) and learned(replicas[r["seed"]])]
 
 
+MOST = 2 / 3  # "most" runs: at least two in three; a count between one and that is given as "k of n"
+
+
 def wording(k: int, n: int) -> str:
-    """What ``k`` of ``n`` runs support: ``"all"``, ``"most"`` (more than half), ``"some"``
-    (at least one, at most half) or ``"none"``."""
+    """What ``k`` of ``n`` runs support: ``"all"``, ``"most"`` (at least :data:`MOST`, two
+    thirds), ``"some"`` (at least one, fewer than two thirds: the text then gives the count) or
+    ``"none"``. A bare majority such as 14 of 25 is not "most": one run either way would tip it."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    return "all" if k == n else "none" if k == 0 else "most" if k > n / 2 else "some"
+    return "all" if k == n else "none" if k == 0 else "most" if k >= MOST * n else "some"
 
 
 def findings_table(study: Study, names: Sequence[str] | None = None) -> str:
     """The counts of some :data:`FINDINGS` (default: all of them) as a table, one per line:
     ``k of n`` runs, the wording the count supports, and the finding. Raises ``AssertionError``
-    when a count no longer supports the wording :data:`STATED` gives the text."""
+    when a count no longer supports the wording :data:`STATED` gives the text (or, where the text
+    gives the count, when the count changed)."""
     counts = count_findings(study)
     names = list(FINDINGS) if names is None else list(names)
     if unknown := [name for name in names if name not in FINDINGS]:
@@ -267,8 +383,11 @@ def findings_table(study: Study, names: Sequence[str] | None = None) -> str:
     for name in names:
         k, n = counts[name]
         said = wording(k, n)
-        if name in STATED and STATED[name] != said:
-            raise AssertionError(f"{name!r}: {k} of {n} runs is {said!r}, the text says {STATED[name]!r}")
+        stated = STATED.get(name)
+        if isinstance(stated, tuple) and stated != (k, n):
+            raise AssertionError(f"{name!r}: {k} of {n} runs, the text says {stated[0]} of {stated[1]}")
+        if isinstance(stated, str) and stated != said:
+            raise AssertionError(f"{name!r}: {k} of {n} runs is {said!r}, the text says {stated!r}")
         lines.append(f"{k:>3} of {n:<3}  {said:7}  {name}")
     return "\n".join(lines)
 
@@ -281,3 +400,27 @@ def count_findings(study: Study) -> dict[str, tuple[int, int]]:
 def check_findings(run: Run) -> dict[str, bool]:
     """``{finding: holds}`` for the :data:`FINDINGS` that speak to this run."""
     return {name: bool(test(run)) for name, (applies, test) in FINDINGS.items() if applies(run)}
+
+
+def ablation_outcomes(study: Study, who: str, how: str) -> dict[str, Counter[str]]:
+    """``{group: Counter({outcome: runs})}``: what ablating each two-head run's ``who`` head
+    (``"negation"`` or ``"other"``) ``how`` (zero, mean or resample) does to each of the four
+    groups, over the runs that learned; outcomes as :func:`outcome` names them."""
+    if who not in ("negation", "other") or how not in ABLATIONS:
+        raise ValueError(f"who must be 'negation' or 'other' and how one of {ABLATIONS}, got {who!r}, {how!r}")
+    head_of = negation_head_of if who == "negation" else other_head_of
+    runs = study.values(lambda r: r, where=_TWO_LEARNED)
+    return {g: Counter(outcome(r, _ablated(r, how, head_of(r), g)) for r in runs) for g in FOUR_GROUPS}
+
+
+def outcomes_table(study: Study) -> str:
+    """Every head (negation, other) ablated every way, one line each: per group, how many runs
+    still learned / hurt / near chance / inverted (the outcomes of :func:`outcome`)."""
+    short = "/".join(o.split()[-1] for o in OUTCOMES)  # learned/hurt/chance/inverted
+    lines = [f"{'runs: ' + short:>36}" + "".join(f"{g:>14}" for g in FOUR_GROUPS)]
+    for who in ("negation", "other"):
+        for how in ABLATIONS:
+            counts = ablation_outcomes(study, who, how)
+            cells = ["/".join(f"{counts[g][o]}" for o in OUTCOMES) for g in FOUR_GROUPS]
+            lines.append(f"{f'{how}-ablated {who} head':>36}" + "".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)

@@ -39,6 +39,7 @@ __all__ = [
     "halves_strata",
     "stratified_halves",
     "template_of",
+    "without_sentiment_word",
 ]
 
 ROLES = ("<cls>", "not", "sentiment word", "other words")
@@ -138,6 +139,13 @@ def four_groups(examples: Sequence[Example]) -> dict[str, list[Example]]:
     for e in examples:
         groups[("negated" if e.negated else "plain") + ("+" if e.word_is_positive else "-")].append(e)
     return groups
+
+
+def without_sentiment_word(examples: Sequence[Example]) -> list[tuple[str, ...]]:
+    """The sentences with their sentiment word deleted ("the movie was not bad" -> "the movie was
+    not"): what a model reads when the word it would look at is absent."""
+    check_examples(examples, "examples")
+    return [e.tokens[:e.sentiment_pos] + e.tokens[e.sentiment_pos + 1:] for e in examples]
 
 
 def halves_group(example: Example) -> str:

@@ -45,7 +45,8 @@ from ..device import seed_everything
 from .attribution import ABLATIONS, ablated_accuracy, logit_attribution
 from .data import Example, Vocab, make_datasets
 from .model import SentimentClassifier, predict, train_model
-from .probes import FOUR_GROUPS, attention_shares, feed_forward_off, four_groups, halves_for_batch, halves_groups
+from .probes import (FOUR_GROUPS, attention_shares, feed_forward_off, four_groups, halves_for_batch, halves_groups,
+                     without_sentiment_word)
 
 __all__ = ["CHANCE", "CONFIG", "PARTS", "Run", "baselines", "kernel_path", "measure_halves", "measure_heads",
            "measure_untrained", "run_seed"]
@@ -90,7 +91,9 @@ def baselines(test: Sequence[Example]) -> dict[str, float]:
 
     - ``chance``: 0.5. ``learned_at``: a run *learned* when it errs on at most a tenth as
       many sentences as a guess would, on negated and on plain sentences alike (0.95);
-      ``near_chance``: an accuracy closer to chance than to ``learned_at`` (below 0.725).
+      ``near_chance``: an accuracy closer to chance than to ``learned_at`` (below 0.725);
+      ``inverted``: as far *below* chance as ``near_chance`` is above it (below 0.275): the
+      model gives the opposite label more often than a guess would, by that much.
     - ``uniform``: the share of ``<cls>``'s attention that one token gets when ``<cls>``
       attends uniformly to its ``n`` tokens (itself included): the mean of ``1 / n`` over
       the negated held-out sentences. ``role``: a head *has a role* (a "negation head")
@@ -101,7 +104,8 @@ def baselines(test: Sequence[Example]) -> dict[str, float]:
         raise ValueError("baselines need negated held-out sentences")
     uniform = sum(1 / (len(e.tokens) + 1) for e in negated) / len(negated)
     learned_at = 1 - (1 - CHANCE) / 10
-    return {"chance": CHANCE, "learned_at": learned_at, "near_chance": (CHANCE + learned_at) / 2,
+    near_chance = (CHANCE + learned_at) / 2
+    return {"chance": CHANCE, "learned_at": learned_at, "near_chance": near_chance, "inverted": 2 * CHANCE - near_chance,
             "uniform": _round(uniform), "role": _round(uniform + (1 - uniform) / 2)}
 
 
@@ -138,9 +142,8 @@ def measure_heads(model: SentimentClassifier, test: Sequence[Example], vocab: Vo
     def accuracy() -> dict[str, float]:
         return _accuracy(predict(model, test, vocab) == labels, groups)
 
-    two = {name: groups[name] for name in ("negated", "plain")}
     negated = [test[i] for i in groups["negated"]]
-    ablation = {how: {f"head {h}": _accuracy(ablated_accuracy(model, test, vocab, [h], how, train, seed), two)
+    ablation = {how: {f"head {h}": _accuracy(ablated_accuracy(model, test, vocab, [h], how, train, seed), groups)
                       for h in range(model.num_heads)} for how in ABLATIONS}
     with feed_forward_off(model):
         ffn_off = accuracy()
@@ -158,6 +161,8 @@ def measure_heads(model: SentimentClassifier, test: Sequence[Example], vocab: Vo
         "not_to_word": _shares(model, negated, vocab, query="not")["sentiment word"],
         "ablation": ablation,
         "feed_forward_off": ffn_off,
+        "without_word": {kind: _round(predict(model, without_sentiment_word([test[i] for i in groups[kind]]),
+                                              vocab).float().mean()) for kind in ("plain", "negated")},
         "logit_attribution": attribution,
     }
 
