@@ -29,10 +29,14 @@
 # - train a two-head classifier on sentences with negations ("the movie was not bad" is
 #   positive) in seconds on a CPU;
 # - **measure** what each head attends to, against what uniform attention would give;
-# - **ablate** a head three ways (zero, mean, resample) and split the prediction into one term
-#   per head (**direct logit attribution**);
-# - compare one, two, four and eight heads on the same task;
-# - judge a finding by the number of **independent runs** it holds in.
+# - **ablate** a head three ways (zero, mean, resample), read the damage group by group (an
+#   **inverted** group is not one near chance), and split the prediction into one term per head
+#   (**direct logit attribution**);
+# - test whether a model recognises a word by its **absence**;
+# - compare one, two, four and eight heads on the same task, and show why one head cannot compute
+#   its *exclusive or*;
+# - judge a finding by the number of **independent runs** it holds in, counting one by hand from
+#   the study's file.
 #
 # *Sources.* "The movie was not bad" and the encoder layer are from *Transformers in Action*
 # (Manning), sections 1.1.4 and 2.2.1; heads as detectives who each look for a different clue,
@@ -85,14 +89,21 @@ from mha_lib.sentiment import (
 )
 from mha_lib.sentiment.attribution import ABLATIONS, ablated_accuracy, logit_attribution
 from mha_lib.sentiment.findings import (
+    ABLATION_FINDINGS,
     FINDINGS,
+    LABELS,
+    STATED,
+    colliding_pairs,
+    count_findings,
     findings_table,
     independent,
+    outcomes_table,
     kernel_path_changes,
     learned,
     negation_head_of,
     other_head_of,
     robust_seeds,
+    sent_token,
     wording,
 )
 from mha_lib.sentiment.plots import plot_runs
@@ -315,7 +326,8 @@ print("attention weights:", len(weights), "layer(s) of", tuple(weights[0].shape)
 #   13% here (*uniform*); a head *has a role* for a word when it gives it at least halfway from
 #   uniform to everything (about 57%);
 # - **counts**: each finding is printed with its number of runs; the text says *all*, *most*
-#   (more than half) or *some* accordingly.
+#   (at least two runs in three) or gives the count, "16 of 25", when it is fewer. A bare
+#   majority is not "most": one run more or less could tip it.
 #
 # Your held-out sentences are run 0's, so their baselines must be run 0's:
 
@@ -329,8 +341,34 @@ print("independent runs per number of heads:",
 base = baselines(test)
 print("baselines of your held-out sentences:", base)
 assert base == two_heads[0]["baselines"] and two_heads[0]["seed"] == 0
-print()
+
+# %% [markdown]
+# **A finding, by hand.** The study file is plain JSON: one record per run. Before any helper
+# counts for us, count one finding straight from the file: *before training, no head has a
+# role*. A run's `"untrained"` record holds, per head, the share of `<cls>`'s attention on
+# "not" and on the sentiment word; the threshold is the run's own `role`, from its baselines.
+# Replicas repeat a seed on other rounding (below), so they are not counted as samples.
+
+# %%
+import json
+
+from mha_lib.sentiment.study import STUDY_FILE
+
+records = json.loads(STUDY_FILE.read_text())["runs"]
+print("one run's record:", sorted(records[0]), "\n")
+samples = [r for r in records if not r["replica"]]  # every head count, replicas left out
+holds = [max(r["untrained"]["cls_to_not"] + r["untrained"]["cls_to_word"]) < r["baselines"]["role"]
+         for r in samples]
+print(f"no untrained head has a role: {sum(holds)} of {len(holds)} independent runs")
+
+# %% [markdown]
+# `findings_table` does exactly this for every finding of the chapter (each one a pair in
+# `mha_lib.sentiment.findings.FINDINGS`: which runs it speaks to, and a test on one run), and
+# fails when a count stops supporting the wording the text uses:
+
+# %%
 print(findings_table(study, ["untrained: no head has a role"]))
+assert count_findings(study)["untrained: no head has a role"] == (sum(holds), len(holds))
 
 # %% [markdown]
 # No head of an untrained model has a role: random weights don't pass the threshold.
@@ -426,10 +464,11 @@ print(findings_table(study, ["2 heads: learned", "not learned: negated sentences
                              "negation head in place when negated sentences are learned"]))
 
 # %% [markdown]
-# Most two-head runs learned; most of the others stayed near chance on negated sentences. In
-# most runs that learned, plain sentences reached 95% at an earlier epoch than negated ones,
-# and a head had its role for "not" by the epoch negated sentences got there (an epoch is a
-# coarse clock: "by" includes the same epoch).
+# 24 of the 40 two-head runs learned; of the other 16, 9 stayed near chance on negated
+# sentences. In 14 of the 24 runs that learned, plain sentences reached 95% at an earlier epoch
+# than negated ones (in 8 at the same epoch, in 2 later): a tendency, not a rule. In most, a head
+# had its role for "not" by the epoch negated sentences got there (an epoch is a coarse clock:
+# "by" includes the same epoch).
 #
 # Your model on a few sentences of our own ("not bad" alone fits none of the templates):
 
@@ -575,16 +614,50 @@ print(findings_table(study, ["a negation head", "the other head brings the senti
                              "the sentiment word looks at 'not' more than uniform attention"]))
 
 # %% [markdown]
-# In most runs that learned, the negation head has a role for "not", and the other head one for
-# the sentiment word in "not good" or in "not bad" (in both, in only some runs). In the other
-# group it looks at "not". The plot's column averages both negated groups, so about 100% in one
-# and about 0% in the other gives the dots near 50%: "not good" and "not bad" send `<cls>`
-# different tokens. In plain sentences, in most runs, the negation head brings the sentiment
-# word in "good" or in "bad" sentences.
+# In most runs that learned, the negation head has a role for "not"; in every one, the other head
+# has one for the sentiment word in "not good" or in "not bad" (in both, in only 4 of 24). In the
+# other group it looks at "not", in most runs. The plot's column averages both negated groups, so
+# about 100% in one and about 0% in the other gives the dots near 50%: "not good" and "not bad"
+# send `<cls>` different tokens. In plain sentences, in most runs, the negation head brings the
+# sentiment word in "good" or in "bad" sentences.
 #
 # **And "bad" looking at "not", as in the book?** In most runs the sentiment word's row gives
 # "not" more than uniform attention would in one of its heads, but here that row never reaches
 # the classifier.
+#
+# **Where is "bad"?** Look back at the `<cls>` rows above: in some sentences neither head puts
+# much on the sentiment word at all (in your model, perhaps "the movie was bad"). A model can
+# know a word by its **absence**: if its heads fetch the positive words, and only those, a plain
+# sentence from which they fetch nothing is negative. Two measurements test that reading. First,
+# for plain sentences, does some head give the sentiment word a role in "good" sentences, in
+# "bad" ones, or in both? Second, delete the sentiment word (`without_sentiment_word`: "the movie
+# was bad" becomes "the movie was") and ask the model: if it reads absence, it calls these
+# sentences the polarity that no head looks at.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (your run's attention and predictions)
+from mha_lib.sentiment.probes import without_sentiment_word
+
+for name in ("plain+", "plain-"):
+    on = shares[name]["sentiment word"]  # (H,): <cls>'s share on the word, per head
+    print(f"{name}: share on the sentiment word per head {[f'{w:.0%}' for w in on.tolist()]}, "
+          f"a role (>= {base['role']:.0%}): {bool(on.max() >= base['role'])}")
+deleted = without_sentiment_word(plain)
+positive = predict(model, deleted, vocab).float().mean().item()
+print(f"\n{len(deleted)} plain sentences with their word deleted, e.g. {' '.join(deleted[0])!r}: "
+      f"{positive:.0%} called positive")
+
+# %%
+print(findings_table(study, ["plain: one polarity's word gets a role, the other's none",
+                             "plain, word deleted: read as the polarity no head looks at"]))
+
+# %% [markdown]
+# In 10 of the 24 runs that learned, no head gives the words of one polarity a role in plain
+# sentences, and in all 10 the model calls the word-deleted sentences that polarity (in more than
+# 72.5% of them, the same bar as "near chance"): it knows "bad" as "no good word here". In the
+# other 14, some head fetches both polarities. Attention maps show what a model reads; a
+# missing stripe can be information too.
 #
 # ## 6. Silencing heads, three ways
 #
@@ -619,24 +692,38 @@ print("silence_heads == zeroing the head's slice before W_o by hand")
 # - **resample-ablation**: its output on another training sentence drawn at random, a real
 #   report about the wrong sentence.
 #
-# Your model, each head replaced three ways:
+# Your model, each head replaced three ways, group by group:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the accuracies of your run)
-ablation = {}  # {(who, how): {"negated": accuracy, "plain": accuracy}}
-print(f"{'accuracy with ... ablated':33}{'negated':>9}{'plain':>9}")
+ablation = {}  # {(who, how): {group: accuracy}}
+print(f"{'accuracy with ... ablated':33}" + "".join(f"{name:>10}" for name in groups))
 for who, head in (("negation", negation_head), ("other", other_head)):
     for how in ABLATIONS:
-        right = {name: ablated_accuracy(model, examples, vocab, [head], how, train)
-                 for name, examples in (("negated", negated), ("plain", plain))}
-        ablation[who, how] = {name: r.float().mean().item() for name, r in right.items()}
-        print(f"{f'{how}-ablation, {who} head':33}"
-              + "".join(f"{a:9.0%}" for a in ablation[who, how].values()))
-assert ablation["other", "mean"]["negated"] < base["near_chance"]  # as in every study run that learned
+        ablation[who, how] = {name: ablated_accuracy(model, examples, vocab, [head], how, train).float().mean().item()
+                              for name, examples in groups.items()}
+        print(f"{f'{how}-ablation, {who} head':33}" + "".join(f"{a:10.0%}" for a in ablation[who, how].values()))
+# as in every study run that learned: without the other head, a negated group is near chance or worse
+assert min(ablation["other", "mean"][name] for name in ("negated+", "negated-")) < base["near_chance"]
 
 # %% [markdown]
-# Over the study (dashed line: near chance):
+# **Read each group on its own.** An average over two groups can hide what happened: 50% on
+# negated sentences may be 100% on "not good" and 0% on "not bad". And 0% is not "near chance":
+# the model gives the *opposite* label every time, which means it still reads something, wrongly.
+# So each group's accuracy gets one of four outcomes, from the run's baselines (`outcome` in
+# `mha_lib.sentiment.findings`): **still learned** (95% or more), **hurt** (below that, down to
+# 72.5%), **near chance** (72.5% down to 27.5%, closer to a guess than to having learned) and
+# **inverted** (below 27.5%: as far below chance as "near chance" reaches above it).
+#
+# Over the study's runs that learned, each head ablated each way, the number of runs with each
+# outcome, group by group (still learned / hurt / near chance / inverted):
+
+# %%
+print(outcomes_table(study))
+
+# %% [markdown]
+# The same for mean-ablation, one dot per run (dashed: near chance; dotted: inverted below it):
 
 # %%
 def ablated(who, how, group):
@@ -644,32 +731,38 @@ def ablated(who, how, group):
     return lambda run: run["heads"]["ablation"][how][f"head {head_of(run, who)}"][group]
 
 
-pairs = [("other", "negated"), ("negation", "plain"), ("negation", "negated")]  # (head, group)
-cases = [(who, how, group) for who, group in pairs for how in ABLATIONS]
-labels = [f"{who} head,\n{how}: {group}" for who, how, group in cases]
-fig, ax = plt.subplots(figsize=(12, 3.6), layout="constrained")
+cases = [(who, "mean", name) for who in ("negation", "other") for name in groups]
+labels = [f"{who} head:\n{name}" for who, _, name in cases]
+fig, ax = plt.subplots(figsize=(11, 3.6), layout="constrained")
 plot_runs(ax, study, {label: ablated(*case) for label, case in zip(labels, cases)}, where=two_learned,
-          yours={label: ablation[who, how][group] for label, (who, how, group) in zip(labels, cases)},
-          title="Held-out accuracy with one head ablated, one dot per run that learned")
+          yours={label: ablation[who, how][name] for label, (who, how, name) in zip(labels, cases)},
+          title="Held-out accuracy with one head mean-ablated, one dot per run that learned")
 ax.axhline(base["near_chance"], color="grey", ls="--", lw=1)
+ax.axhline(base["inverted"], color="grey", ls=":", lw=1)
 plt.show()
-print(findings_table(study, [f"{how}-ablating the {who} head: {group} near chance"
-                             for who, group in pairs[:2] for how in ABLATIONS]
-                     + ["mean-ablating the negation head: negated not near chance",
-                        "negation head, negated: zero-ablation costs more than mean",
+
+# %%
+print(findings_table(study, [name for name in ABLATION_FINDINGS if name in STATED]
+                     + ["negation head, negated: zero-ablation costs more than mean",
                         "negation head, negated: resample costs more than mean"]))
 
 # %% [markdown]
-# - **The other head**: mean- or resample-ablated, it leaves negated sentences near chance in
-#   every run that learned (zeroed, in most): the model can no longer tell "not good" from "not
-#   bad". Asserted on your model above.
-# - **The negation head**: without it, plain sentences fall near chance in most runs, by all
-#   three methods; mean-ablated, it leaves negated sentences above near chance in most runs:
-#   its name says where it looks, not what it is needed for.
-# - **The methods disagree**: on the negation head and negated sentences, zero and resample
-#   both cost more than mean in most runs. Zeros are a report the head never gives; a resampled
-#   report is about another sentence. Each measures something different: name yours with the
-#   number (Zhang and Nanda, 2024).
+# - **The other head**: ablated any of the three ways, it leaves a negated group near chance or
+#   worse in every run that learned. Mean-ablated, that group is **inverted** in most runs, and
+#   the two negated groups are never both inverted: the model still sees the "not", and now gets
+#   one of "not good" and "not bad" backwards. The other head is what tells them apart. Asserted
+#   on your model above.
+# - **The negation head**: the damage lands on the sentences **without** "not". Mean-ablated, it
+#   leaves a plain group near chance or worse in most runs, and inverted in 16 of 24 (both plain
+#   groups in 5): the model reads "good" as if it were "not good". Both negated groups stay
+#   learned in 15 of 24. The head is named for where it looks in negated sentences, but what the
+#   model needs it for most is the report that *no* "not" is there. Which plain group breaks
+#   depends on the run: in the table, "good" and "bad" sentences are inverted about equally often.
+# - **The methods disagree**: the negation head zeroed breaks a plain group in 16 of 24 runs,
+#   resampled in all 24; resampled, it also hurts the negated sentences in every run, where its
+#   mean leaves both groups learned in 15 of 24. Zeros are a report the head never gives; a
+#   resampled report is about another sentence, half the time one with no "not" in it. Each measures
+#   something different: name yours with the number (Zhang and Nanda, 2024).
 #
 # ## 7. What each head adds to the logit
 #
@@ -745,14 +838,16 @@ print(f"your model without its feed-forward network: "
 # %% [markdown]
 # In negated sentences, the other head pushes toward the right label more than the negation head
 # in most runs, as the ablations said. The feed-forward term pushes toward it in every group of
-# every run, yet with it switched off after training (`feed_forward_off`), most models still
-# reach 95% on both groups. Attribution asks
-# what a term contributes, ablation what the model needs.
+# every run, yet with it switched off after training (`feed_forward_off`), 16 of 24 models still
+# reach 95% on both groups. Attribution asks what a term contributes, ablation what the model
+# needs.
 #
 # ## 8. How many heads does the task need?
 #
 # The study trained the same model with 1, 2, 4 and 8 heads at `d_model = 48`, so each head has
-# `d_k = 48 / H` features: more heads, each narrower.
+# `d_k = 48 / H` features: more heads, each narrower. The comparison is **paired**: run *s* of
+# every head count draws the same sentences (data seed *s*) and the same shuffling, so two head
+# counts differ in their model, not in their data.
 
 
 # %%
@@ -799,13 +894,81 @@ plt.show()
 # %% [markdown]
 # (Orange dots at or above 95%: runs whose plain sentences fell short.)
 #
-# - **One head never learned**, and stayed near chance on negated sentences in most runs,
+# **Why not one head?** The label is an *exclusive or* of two facts: is there a "not", and is the
+# word positive? With one head, `<cls>` receives one weighted average of value vectors per
+# sentence. Take the extreme first, a head that puts (nearly) all its attention on the one
+# token with the highest score among those present. Whatever order the scores of "not",
+# "good" and "bad" take, two sentences that need opposite labels receive the same token, and so
+# the same vector, whatever reads it afterwards:
+
+# %%
+from itertools import combinations, permutations
+
+group_tokens = {"good": ("good",), "bad": ("bad",), "not good": ("not", "good"), "not bad": ("not", "bad")}
+label = {"good": "+", "bad": "-", "not good": "-", "not bad": "+"}
+for order in permutations(("not", "good", "bad")):  # highest score first
+    sent = {g: min(tokens, key=order.index) for g, tokens in group_tokens.items()}  # the top token present
+    clash = [f"{a} / {b}" for a, b in combinations(group_tokens, 2) if sent[a] == sent[b] and label[a] != label[b]]
+    print(f"{' > '.join(order):16} sends: " + ", ".join(f"{g} -> {t}" for g, t in sent.items())
+          + f"   same token, opposite labels: {', '.join(clash)}")
+    assert clash
+
+# %% [markdown]
+# A head that **splits** its attention the same way in both negated sentences does no better
+# for a read-out that is linear. Say it gives "not" a share `a` and the word `1 - a` in "not
+# good" and in "not bad", and a fixed vector `w` reads the mix. Then the difference between "not
+# good" and "not bad" is `(1 - a) · w·(v_good - v_bad)`: the same sign as between "good" and
+# "bad", only smaller. A read-out that puts "good" above "bad" puts "not good" above "not bad",
+# the wrong way round, whatever `w` and `a` (checked below on random vectors). One head has two
+# ways out: a split that differs between the two sentences (its scores do depend on which word
+# is there, and the extreme above shows where that ends), or a non-linear step after the head,
+# the feed-forward network or the LayerNorm.
+
+# %%
+g = torch.Generator().manual_seed(0)
+v_not, v_good, v_bad = torch.randn(3, 24, generator=g)  # three value vectors of one head (d_k = 24)
+for a in (0.2, 0.5, 0.8):
+    for w in torch.randn(100, 24, generator=g):  # 100 linear read-outs
+        plain_gap = w @ (v_good - v_bad)  # what the read-out gives "good" minus "bad"
+        negated_gap = w @ ((a * v_not + (1 - a) * v_good) - (a * v_not + (1 - a) * v_bad))
+        assert torch.isclose(negated_gap, (1 - a) * plain_gap, atol=1e-5)  # same sign, scaled by 1 - a
+print("every read-out: ('not good' - 'not bad') = (1 - a) * ('good' - 'bad')")
+
+# %% [markdown]
+# Did the one-head runs fall into this? For each, which token its head sends `<cls>` in each
+# group (the role that gets at least the `role` share of its attention, if any), which pairs of
+# groups with opposite labels get the same token (`colliding_pairs` in
+# `mha_lib.sentiment.findings`: "not" in both negated groups, a word of one polarity with and
+# without "not", `<cls>` or the other words anywhere), and how the weaker group of such a pair
+# does:
+
+# %%
+one_head = [r for r in study.runs if independent(r, 1) and "heads" in r]
+for r in one_head[:6]:
+    sent = {name: sent_token(r, name, 0) for name in LABELS}
+    print(f"seed {r['seed']}: " + ", ".join(f"{name} -> {t}" for name, t in sent.items())
+          + f"  | collide: {colliding_pairs(r)}")
+print("...\n")
+print(findings_table(study, ["1 head: two groups with opposite labels get the same token",
+                             "1 head: the weaker group of a colliding pair near chance or worse"]))
+
+# %% [markdown]
+# In most one-head runs the head sends the same token to two groups that need opposite labels,
+# and in every one of those runs the weaker of the two groups is near chance or worse: the
+# collision of the first cell, in trained models. Two heads can send two different tokens, and
+# in section 5 they did: in most runs the negation head sends "not", while the other head sends
+# the word in one negated group and "not" in the other.
+#
+# - **One head never learned**, and stayed near chance on negated sentences in 15 of 24 runs,
 #   although it is the widest.
-# - **One head: none learned; two or four: most; eight (6 features each): all.** A head whose `d_k` is below the sequence length cannot form every attention
-#   pattern (Bhojanapalli et al., 2020); here that did not stop them.
-# - **Roles spread**: two or more heads look at "not" in some 4-head and most 8-head runs, yet
-#   mean-ablating one head leaves a group near chance in every 2- and 4-head run and most
-#   8-head runs. In large transformers many heads can go (Michel et al., 2019; Voita et al.,
+# - **Narrow heads did not hold the model back.** Bhojanapalli et al. (2020) show that a head
+#   whose `d_k` is below the sequence length cannot form every `L × L` attention map, every
+#   query's row at once. Here only one row, `<cls>`'s, reaches the classifier, and eight heads
+#   of 6 features learned in every run: the bound is about the whole map, which this task never
+#   needs.
+# - **Roles spread**: two or more heads look at "not" in 11 of 23 four-head runs that learned and
+#   in most eight-head runs, yet mean-ablating one head leaves a group near chance or worse in
+#   every 2- and 4-head run and most 8-head runs. In large transformers many heads can go (Michel et al., 2019; Voita et al.,
 #   2019); here, at least one cannot.
 #
 # ## 9. What held, and what didn't
@@ -820,8 +983,10 @@ print(findings_table(study))
 # %% [markdown]
 # The seed decides which head becomes the negation head and in which negated group the other
 # head brings the word; in a few seeds, the CPU decides whether a run learns. The heads do
-# specialize, less cleanly than detectives; only counts over independent runs, against
-# thresholds fixed in advance, tell the model from the accident.
+# specialize, less cleanly than detectives: a head's name says where it looks, and only an
+# ablation read group by group says what the model needs it for (the "negation head", to know
+# that no "not" is there). Only counts over independent runs, against thresholds fixed in
+# advance, tell the model from the accident.
 
 # %% [markdown]
 # ## Recap
@@ -831,8 +996,17 @@ print(findings_table(study))
 #   **pre-norm** and equals `nn.TransformerEncoderLayer(norm_first=True)`.
 # - Shapes: `(B, L, d_model)` in and out; attention weights `(B, H, L, L)`.
 # - A claim about trained models is a count over **independent runs**, against thresholds
-#   derived in advance from baselines (chance, uniform attention, an untrained model).
+#   derived in advance from baselines (chance, uniform attention); the untrained model is a
+#   check that random weights don't already pass them. "Most" means at least two runs in three;
+#   fewer, and the count is given.
 # - Two heads: a **negation head** and a head that brings the sentiment word, in most runs.
+#   Read group by group, ablation says what each is needed for: without the other head, one
+#   negated group breaks (inverted, in most runs); without the negation head, the plain
+#   sentences do. An **inverted** group (below 27.5%) is not one near chance.
+# - A model can read a word by its **absence**: in 10 of 24 runs no head looks at one polarity's
+#   words, and a sentence without a sentiment word is read as that polarity.
+# - One head sends `<cls>` one mix per sentence; the task is an **exclusive or**, and in most
+#   one-head runs two groups with opposite labels got the same token.
 # - **Zero-, mean- and resample-ablation** can disagree: report which you used. **Direct logit
 #   attribution** splits the logit difference into terms (embedding, each head, `W_o`'s bias,
 #   feed-forward), the LayerNorm scale frozen.

@@ -21,8 +21,9 @@
 # 1. build the mask and run restricted multi-head attention (two checks);
 # 2. compare it with the unrestricted module on the post's tiny configuration and on a longer
 #    sentence: per-head maps, output differences, what each head's output is made of;
-# 3. retrain chapter 07's sentiment model with restricted heads and measure what it costs when
-#    "not" and the sentiment word fall in different halves.
+# 3. retrain chapter 07's sentiment model with restricted heads and measure how it does on
+#    negated sentences whose "not" and sentiment word fall in the same half, and in different
+#    halves.
 #
 # Then write what changed and what it suggests about the role of heads.
 #
@@ -235,13 +236,15 @@ vocab = Vocab.for_task()
 # sentences of one run, of the same template and the same number of words. `halves_strata(test)`
 # gives `{(template, words): {"same half": [...], "different halves": [...]}}`;
 # `stratified_halves([(correct, test), ...])` compares the two groups inside every stratum that
-# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`.
+# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`;
+# its `gap` is **different halves minus same half**: positive when the sentences whose two words
+# lie in different halves do better.
 # The study records which held-out sentence each model got right, in `run["halves_correct"][model]`
 # (a string of `0`/`1`, one per held-out sentence of the run, in the order of
 # `make_datasets(study.config["n_train"], study.config["n_test"], seed=run["data_seed"])[1]`).
-# Over the study's runs: does the gap of the restricted model survive inside the strata? In how
-# many runs is it positive, and how many would a coin give (if the halves did not matter, a
-# run's gap would be as likely negative as positive)?
+# Over the study's runs: does a gap of the restricted model survive inside the strata, and in
+# which direction? In how many runs is it positive, in how many negative, and how many would a
+# coin give (if the halves did not matter, a run's gap would be as likely negative as positive)?
 
 # %%
 import math

@@ -27,8 +27,9 @@
 # 1. build the mask and run restricted multi-head attention (two checks);
 # 2. compare it with the unrestricted module on the post's tiny configuration and on a longer
 #    sentence: per-head maps, output differences, what each head's output is made of;
-# 3. retrain chapter 07's sentiment model with restricted heads and measure what it costs when
-#    "not" and the sentiment word fall in different halves.
+# 3. retrain chapter 07's sentiment model with restricted heads and measure how it does on
+#    negated sentences whose "not" and sentiment word fall in the same half, and in different
+#    halves.
 #
 # Then write what changed and what it suggests about the role of heads.
 #
@@ -360,7 +361,7 @@ assert min(results["free, tested restricted"].values()) < LEARNED_AT
 
 # %%
 # BEGIN SOLUTION
-from mha_lib.sentiment.findings import independent, learned
+from mha_lib.sentiment.findings import MOST, independent, learned
 from mha_lib.sentiment.plots import plot_runs
 
 
@@ -398,8 +399,11 @@ def count(model, holds, selected=runs):
 
 
 def supports(word, k, n):
-    """Whether k of n runs support the model answer's word: "every", "most" (more than half), "some"."""
-    return {"every": k == n, "most": k > n / 2, "some": k > 0}[word]
+    """Whether k of n runs support the model answer's word: "every", "most" (at least two in three,
+    as in chapter 07: `mha_lib.sentiment.findings.MOST`), "some", or the count itself, (k, n)."""
+    if isinstance(word, tuple):
+        return word == (k, n)
+    return {"every": k == n, "most": k >= MOST * n, "some": k > 0}[word]
 
 
 def median(model, group, selected=runs):
@@ -415,7 +419,7 @@ stated = {  # what the model answer says, the count behind it, and the word it u
     "free, tested restricted: some group below learned": (
         count("free, tested restricted", lambda a: min(a.values()) < LEARNED_AT, learned_runs), "every"),
     "free, tested restricted: some group near chance": (
-        count("free, tested restricted", lambda a: min(a.values()) < NEAR_CHANCE, learned_runs), "most"),
+        count("free, tested restricted", lambda a: min(a.values()) < NEAR_CHANCE, learned_runs), "every"),
     "trained restricted: different halves learned": (
         count("trained restricted", lambda a: a["different halves"] >= LEARNED_AT), "most"),
     "trained restricted: same half near chance": (
@@ -427,12 +431,12 @@ stated = {  # what the model answer says, the count behind it, and the word it u
     "trained restricted: plain not near chance": (
         count("trained restricted", lambda a: a["plain"] >= NEAR_CHANCE), "every"),
     "trained restricted: plain learned": (
-        count("trained restricted", lambda a: a["plain"] >= LEARNED_AT), "most"),
+        count("trained restricted", lambda a: a["plain"] >= LEARNED_AT), (20, 40)),
 }
 print(f"thresholds: chance {CHANCE:.0%}, learned {LEARNED_AT:.0%}, near chance below {NEAR_CHANCE:.1%}")
 print(f"independent two-head runs: {len(runs)}; the freely trained model learned the task in {len(learned_runs)}")
 for claim, ((k, n), word) in stated.items():
-    print(f"{claim:52} {k:2d} of {n} runs ({word})")
+    print(f"{claim:52} {k:2d} of {n} runs ({word if isinstance(word, str) else 'as counted'})")
     assert supports(word, k, n), (claim, k, n, word)
 negated_medians = {g: median("free, tested restricted", g, learned_runs) for g in names[1:]}
 print("free, tested restricted, medians over the runs that learned:",
@@ -458,13 +462,15 @@ print(f"trained restricted, same half: {low:.0%} to {high:.0%}")
 # sentences of one run, of the same template and the same number of words. `halves_strata(test)`
 # gives `{(template, words): {"same half": [...], "different halves": [...]}}`;
 # `stratified_halves([(correct, test), ...])` compares the two groups inside every stratum that
-# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`.
+# holds both and averages over the strata, each weighted by `n_same · n_diff / (n_same + n_diff)`;
+# its `gap` is **different halves minus same half**: positive when the sentences whose two words
+# lie in different halves do better.
 # The study records which held-out sentence each model got right, in `run["halves_correct"][model]`
 # (a string of `0`/`1`, one per held-out sentence of the run, in the order of
 # `make_datasets(study.config["n_train"], study.config["n_test"], seed=run["data_seed"])[1]`).
-# Over the study's runs: does the gap of the restricted model survive inside the strata? In how
-# many runs is it positive, and how many would a coin give (if the halves did not matter, a
-# run's gap would be as likely negative as positive)?
+# Over the study's runs: does a gap of the restricted model survive inside the strata, and in
+# which direction? In how many runs is it positive, in how many negative, and how many would a
+# coin give (if the halves did not matter, a run's gap would be as likely negative as positive)?
 
 # %%
 import math
@@ -501,7 +507,7 @@ for model in results:
     positive, negative = sum(g > 0 for g in gaps), sum(g < 0 for g in gaps)
     print(f"{model:24} within strata ({pooled['sentences']} sentences, {pooled['strata']} strata): "
           f"same half {pooled['same half']:.0%}, different halves {pooled['different halves']:.0%}; "
-          f"gap > 0 in {positive}, < 0 in {negative}, tied in {len(gaps) - positive - negative} runs "
+          f"gap (different - same) > 0 in {positive}, < 0 in {negative}, tied in {len(gaps) - positive - negative} runs "
           f"(a coin reaches {needed_by_a_coin(positive + negative)} or more only 5% of the time)")
 
 columns = {"same half\n(all)": lambda r: r["halves"]["trained restricted"]["same half"],
@@ -567,14 +573,14 @@ print("the model answer's statements about the strata hold")
 #
 # *What it cost the trained model.* Restricted at test time without retraining, the freely
 # trained model breaks: in every run in which it had learned the task, at least one of the three
-# groups fell below 95%, in most of them one fell near chance, and the medians of both negated
+# groups fell below 95%, and one fell near chance, and the medians of both negated
 # groups are near chance. The heads had learned to fetch specific words from anywhere; a head
 # that can no longer reach its word delivers something the rest of the model was never trained
 # to read. Retrained with the restriction, the model learns the sentences where "not" and the
 # sentiment word lie in **different** halves (95% or more) in most runs, while the
 # **same-half** sentences stay near chance in most runs, and the different-halves group beats
 # the same-half group in most runs. Plain sentences are never near chance, and reach 95% in
-# most runs (their range is printed above).
+# 20 of the 40 runs (their range is printed above).
 #
 # *The halves, or the template?* As measured, the two groups also differ by template: almost
 # every same-half sentence reads "the movie was not …", and every "i did not find …" sentence
