@@ -326,7 +326,7 @@ print("attention weights:", len(weights), "layer(s) of", tuple(weights[0].shape)
 #   13% here (*uniform*); a head *has a role* for a word when it gives it at least halfway from
 #   uniform to everything (about 57%);
 # - **counts**: each finding is printed with its number of runs; the text says *all*, *most*
-#   (at least two runs in three) or gives the count, "16 of 25", when it is fewer. A bare
+#   (at least two runs in three) or gives the count, "14 of 24", when it is fewer. A bare
 #   majority is not "most": one run more or less could tip it.
 #
 # Your held-out sentences are run 0's, so their baselines must be run 0's:
@@ -748,21 +748,23 @@ print(findings_table(study, [name for name in ABLATION_FINDINGS if name in STATE
 
 # %% [markdown]
 # - **The other head**: ablated any of the three ways, it leaves a negated group near chance or
-#   worse in every run that learned. Mean-ablated, that group is **inverted** in most runs, and
-#   the two negated groups are never both inverted: the model still sees the "not", and now gets
-#   one of "not good" and "not bad" backwards. The other head is what tells them apart. Asserted
-#   on your model above.
+#   worse in every run that learned. Mean-ablated, that group is **inverted** in most runs (wrong
+#   on more than 72.5% of its sentences), and the two negated groups are never both inverted:
+#   one of "not good" and "not bad" gets the wrong label while the other can stay right. The
+#   other head is what tells them apart. Asserted on your model above.
 # - **The negation head**: the damage lands on the sentences **without** "not". Mean-ablated, it
 #   leaves a plain group near chance or worse in most runs, and inverted in 16 of 24 (both plain
-#   groups in 5): the model reads "good" as if it were "not good". Both negated groups stay
-#   learned in 15 of 24. The head is named for where it looks in negated sentences, but what the
-#   model needs it for most is the report that *no* "not" is there. Which plain group breaks
-#   depends on the run: in the table, "good" and "bad" sentences are inverted about equally often.
-# - **The methods disagree**: the negation head zeroed breaks a plain group in 16 of 24 runs,
-#   resampled in all 24; resampled, it also hurts the negated sentences in every run, where its
-#   mean leaves both groups learned in 15 of 24. Zeros are a report the head never gives; a
-#   resampled report is about another sentence, half the time one with no "not" in it. Each measures
-#   something different: name yours with the number (Zhang and Nanda, 2024).
+#   groups in 5): "good" sentences get the label of "not good", or "bad" ones that of "not bad".
+#   Both negated groups stay learned in 15 of 24. The head is named for where it looks in
+#   negated sentences, but what the model needs it for most is the report that *no* "not" is
+#   there. Which plain group breaks depends on the run: in the table, "good" and "bad" sentences
+#   are inverted about equally often.
+# - **The methods disagree**: the negation head zeroed leaves a plain group near chance or worse
+#   in 16 of 24 runs, resampled in all 24; resampled, it also hurts the negated sentences in
+#   every run, where its mean leaves both negated groups learned in 15 of 24. Zeros are a report
+#   the head never gives; a resampled report is about another sentence, half the time one with
+#   no "not" in it. Each measures something different: name yours with the number (Zhang and
+#   Nanda, 2024).
 #
 # ## 7. What each head adds to the logit
 #
