@@ -698,11 +698,12 @@ print("silence_heads == zeroing the head's slice before W_o by hand")
 # NBVAL_IGNORE_OUTPUT
 # (the accuracies of your run)
 ablation = {}  # {(who, how): {group: accuracy}}
+group_of = [("negated" if e.negated else "plain") + ("+" if e.word_is_positive else "-") for e in test]  # as four_groups
 print(f"{'accuracy with ... ablated':33}" + "".join(f"{name:>10}" for name in groups))
 for who, head in (("negation", negation_head), ("other", other_head)):
     for how in ABLATIONS:
-        ablation[who, how] = {name: ablated_accuracy(model, examples, vocab, [head], how, train).float().mean().item()
-                              for name, examples in groups.items()}
+        right = ablated_accuracy(model, test, vocab, [head], how, train)  # (N,) bool, as the study measures
+        ablation[who, how] = {name: right[[g == name for g in group_of]].float().mean().item() for name in groups}
         print(f"{f'{how}-ablation, {who} head':33}" + "".join(f"{a:10.0%}" for a in ablation[who, how].values()))
 # as in every study run that learned: without the other head, a negated group is near chance or worse
 assert min(ablation["other", "mean"][name] for name in ("negated+", "negated-")) < base["near_chance"]
