@@ -19,8 +19,9 @@ The modules: ``_result`` (results, display), ``_calling`` (calling your code), `
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
 ``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and
 ``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder``, ``ablated_logits``,
-``logit_terms`` and ``recount`` (07; their models in ``_sentiment``), ``repeated_segments``, ``head_scores`` and ``ablation_losses`` (08, one per
-exercise), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
+``logit_terms`` and ``recount`` (07; their models in ``_sentiment``), ``repeated_segments``,
+``head_scores``, ``ablation_losses``, ``head_parts`` and ``copying`` (08; the last two share
+``_circuits``), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
