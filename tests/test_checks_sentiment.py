@@ -616,3 +616,267 @@ def test_the_checks_leave_the_random_state_the_threads_and_the_grad_mode_alone()
     expect_pass(checks.check_logit_attribution(attribution))
     expect_pass(checks.check_recount(recount))
     assert torch.equal(torch.rand(1), before) and torch.get_num_threads() == threads and torch.is_grad_enabled()
+
+
+# ------------------------------------------------------------------ mistakes named since the held-out gallery
+
+
+def _ref_cls(model, reference, position=0):
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        every = cls_outputs(model, reference, None)  # (M, L', H, d_k)
+    model.train(was)
+    return every if position is None else every[:, position]
+
+
+def _write(model, tokens, heads, values, *, layout="hd", post=False, position=0):
+    """The logits with `values` ((B or 1), len(heads), d_k) written for `heads` at `position`, before W_o (or after)."""
+    H, B = model.num_heads, tokens.size(0)
+
+    def edit(x):
+        x = x.clone()
+        if layout == "hd":
+            x[:, position].view(B, H, -1)[:, heads] = values
+        else:
+            x[:, position].view(B, -1, H)[:, :, heads] = values.transpose(-1, -2)
+        return x
+
+    W_o = model.layers[0].self_attn.W_o
+    handle = (W_o.register_forward_hook(lambda m, a, out: edit(out)) if post
+              else W_o.register_forward_pre_hook(lambda m, a: (edit(a[0]),)))
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
+        model.train(was)
+
+
+def ablated_variant(model, tokens, heads, how, reference, generator=None, *, mistake):
+    B, M, H = tokens.size(0), reference.size(0), model.num_heads
+    heads = list(heads)
+    at_cls = _ref_cls(model, reference)
+    if mistake == "interleaved":
+        at_cls = at_cls.flatten(1).view(M, -1, H).transpose(1, 2)
+    draws = {"M - 1": lambda: torch.randint(M - 1, (B,), generator=generator),
+             "from 1": lambda: torch.randint(1, M, (B,), generator=generator),
+             "twice": lambda: [torch.randint(M, (B,), generator=generator) for _ in range(2)][1],
+             "on device": lambda: torch.randint(M, (B,), generator=generator, device=tokens.device)}
+    pick = draws.get(mistake, lambda: torch.randint(M, (B,), generator=generator))() if how == "resample" else None
+    who = [h for h in range(H) if h not in heads] if mistake == "other heads" else heads
+    if how == "mean":
+        values = {"median": lambda: at_cls[:, who].median(0).values,
+                  "first sentence": lambda: _ref_cls(model, reference, None)[0, :, who].mean(0),
+                  "weighted": lambda: (at_cls[:, who] * (reference != 0).sum(1)[:, None, None]).sum(0)
+                  / (reference != 0).sum()}.get(mistake, lambda: at_cls[:, who].mean(0))()
+    else:
+        values = at_cls[pick][:, who]
+    if mistake == "tolist":
+        values = torch.tensor(values.tolist())
+    return _write(model, tokens, who, values, layout="dh" if mistake == "interleaved" else "hd",
+                  post=mistake == "into the output")
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("other heads", ("*not* in `heads` were replaced", "for h in heads")),
+    ("interleaved", ("interleaved", "(b, h, d_k)")),
+    ("into the output", ("written into w_o's output", "pre-hook")),
+    ("median", ("the median",)),
+    ("first sentence", ("positions of the first reference sentence", "args[0][:, 0]")),
+    ("weighted", ("weighted by the sentences' lengths",)),
+    ("M - 1", ("[0, m - 1)", "draw once")),
+    ("from 1", ("[1, m)", "draw once")),
+    ("twice", ("drawn from twice",)),
+])
+def test_ablated_logits_names_the_gallerys_mistakes(mistake, words):
+    expect_fail(checks.check_ablated_logits(lambda *a, m=mistake, **k: ablated_variant(*a, **k, mistake=m)), *words)
+
+
+def test_ablated_logits_names_device_dtype_grad_and_stale_state():
+    expect_fail(checks.check_ablated_logits(lambda *a, **k: ablated_variant(*a, **k, mistake="on device")),
+                "can't draw on meta", ".to(tokens.device)", status="error")
+    expect_fail(checks.check_ablated_logits(lambda *a, **k: ablated_variant(*a, **k, mistake="tolist")),
+                "float32 copy of the model runs", "float32", status="error")
+
+    def cpu_positions(model, tokens, heads, how, reference, generator=None):
+        """Right on the CPU; an embedding looked up with CPU positions, which a GPU refuses."""
+        with torch.no_grad():
+            positions = model.position_embedding(torch.arange(tokens.size(1)))  # (L, D), ids made on the CPU
+        return ablated(model, tokens, heads, how, reference, generator) + 0 * positions.sum()
+
+    expect_fail(checks.check_ablated_logits(cpu_positions), "on the same device", "device=tokens.device",
+                status="error")
+
+    def grad_back_on(*args):
+        torch.set_grad_enabled(False)
+        try:
+            return ablated(*args)
+        finally:
+            torch.set_grad_enabled(True)
+
+    expect_fail(checks.check_ablated_logits(grad_back_on), "switched gradients on", "torch.no_grad()")
+    cache = {}
+
+    def cached(model, tokens, heads, how, reference, generator=None):  # keyed on some arguments only
+        key = (id(model), tuple(heads), how)
+        cache.setdefault(key, _ref_cls(model, reference))
+        at_cls = cache[key]
+        values = at_cls[:, heads].mean(0) if how == "mean" else \
+            at_cls[torch.randint(at_cls.size(0), (tokens.size(0),), generator=generator)][:, heads]
+        return _write(model, tokens, list(heads), values)
+
+    expect_fail(checks.check_ablated_logits(cached), "remembers something from an earlier call", "no cache")
+
+
+def attribution_variant(model, tokens, *, mistake):
+    """A learner's attribution from the hooks, with one of the gallery's mistakes."""
+    layer, norm = model.layers[0], model.norm
+    W_o, H = layer.self_attn.W_o, model.num_heads
+    seen = {}
+    handles = [W_o.register_forward_pre_hook(lambda m, a: seen.update(heads=a[0][:, 0])),
+               layer.feed_forward.register_forward_hook(lambda m, a, out: seen.update(ffn=out[:, 0])),
+               layer.norm2.register_forward_hook(lambda m, a, out: seen.update(norm2=out[:, 0]))]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(tokens)
+            B, d_k = tokens.size(0), W_o.in_features // H
+            where = {"position 1": torch.ones(1, dtype=torch.long, device=tokens.device), "cls id": tokens[:, 0],
+                     "cpu position": torch.tensor([0])}.get(mistake, torch.zeros(1, dtype=torch.long,
+                                                                                   device=tokens.device))
+            vectors = {"embedding": model.token_embedding(tokens[:, 0]) + model.position_embedding(where)}
+            for h in range(H):
+                part = seen["heads"][:, h * d_k:(h + 1) * d_k]
+                if mistake == "rows":
+                    vectors[f"head {h}"] = part @ W_o.weight[h * d_k:(h + 1) * d_k]
+                elif mistake == "interleaved":
+                    vectors[f"head {h}"] = seen["heads"].view(B, d_k, H)[..., h] @ W_o.weight.view(-1, d_k, H)[..., h].T
+                else:
+                    vectors[f"head {h}"] = part @ W_o.weight[:, h * d_k:(h + 1) * d_k].T
+            vectors["W_o bias"] = W_o.bias.expand(B, -1)
+            vectors["feed-forward"] = seen["norm2" if mistake == "norm2" else "ffn"]
+            x = sum(vectors.values())
+            sigma = {"eps outside": lambda: x.std(-1, unbiased=False, keepdim=True) + norm.eps,
+                     "batch sigma": lambda: (x.var(0, unbiased=False, keepdim=True) + norm.eps).sqrt(),
+                     "embedding sigma": lambda: (vectors["embedding"].var(-1, unbiased=False, keepdim=True)
+                                                 + norm.eps).sqrt(),
+                     "scaled sigma": lambda: 1.5 * (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt(),
+                     }.get(mistake, lambda: (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt())()
+            sign = torch.tensor([-1.0, 1.0]) if mistake == "float32 sign" else \
+                torch.tensor([-1.0, 1.0], dtype=x.dtype, device=x.device)
+            w, b = sign @ model.classifier.weight, sign @ model.classifier.bias
+            out = {}
+            for name, t in vectors.items():
+                mean = {"centre by x": x.mean(-1, keepdim=True), "centre over batch": t.mean(0, keepdim=True)}.get(
+                    mistake, t.mean(-1, keepdim=True))
+                out[name] = (norm.weight * (t - mean) / sigma) @ w
+            out["constant"] = {"no b": norm.bias @ w, "no beta": b, "b reversed": norm.bias @ w - b}.get(
+                mistake, norm.bias @ w + b).expand(B)
+            if mistake == "probability":
+                p = logits.softmax(-1)
+                out = {n: v * (p[:, 1] - p[:, 0]) / (logits[:, 1] - logits[:, 0]) for n, v in out.items()}
+            return out
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was)
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("no b", ("only 'constant' differs", "no classifier bias")),
+    ("no beta", ("only 'constant' differs", "no w . beta")),
+    ("b reversed", ("only 'constant' differs", "wrong sign (b_0 - b_1)")),
+    ("rows", ("*rows*", "columns")),
+    ("interleaved", ("interleaved", "[h*d_k, (h+1)*d_k)")),
+    ("position 1", ("position 1's embedding", "position 0")),
+    ("cls id", ("<cls> token id in the position table",)),
+    ("centre by x", ("centred by the mean of x", "its *own* mean")),
+    ("centre over batch", ("centred over the batch",)),
+    ("eps outside", ("eps added outside the square root",)),
+    ("batch sigma", ("sigma over the batch",)),
+    ("embedding sigma", ("sigma of the embedding alone",)),
+    ("scaled sigma", ("the same factor in each sentence", "sigma")),
+    ("norm2", ("norm2's output", "layer.feed_forward")),
+    ("probability", ("p(positive) - p(negative)",)),
+])
+def test_logit_attribution_names_the_gallerys_mistakes(mistake, words):
+    expect_fail(checks.check_logit_attribution(lambda *a, m=mistake: attribution_variant(*a, mistake=m)), *words)
+
+
+def test_logit_attribution_names_device_dtype_and_stale_state():
+    expect_fail(checks.check_logit_attribution(lambda *a: attribution_variant(*a, mistake="cpu position")),
+                "on the same device", "device=tokens.device", status="error")
+    expect_fail(checks.check_logit_attribution(lambda *a: attribution_variant(*a, mistake="float32 sign")),
+                "float32 copy of the model runs", status="error")
+    cache = {}
+
+    def cached(model, tokens):  # keyed on the model and the shape only
+        return cache.setdefault((id(model), tuple(tokens.shape)), attribution(model, tokens))
+
+    expect_fail(checks.check_logit_attribution(cached), "remembers something from an earlier call")
+
+
+def recount_variant(study, *, mistake):
+    """A learner's recount with one of the gallery's mistakes."""
+    first_path = study.runs[0]["path"]
+    k = n = 0
+    for run in study.runs:
+        if (run["path"] != first_path) if mistake == "path" else run.get("replica"):
+            continue
+        if run["num_heads"] != 2:
+            continue
+        acc, base = run["heads"]["accuracy"], run["baselines"]
+        at = base["near_chance"] if mistake == "near chance" else base["learned_at"]
+        worst = min(acc["negated"], acc["plain"])
+        if (worst <= at) if mistake == "strict learned" else (worst < at):
+            continue
+        trained = run["heads"]["cls_shares"]["negated+"]["not"] if mistake == "per group" else \
+            run["heads"]["cls_to_not"]
+        h = trained.index(min(trained) if mistake == "argmin" else max(trained))
+        before = run["untrained"]["cls_to_not"]
+        share = before[h] if mistake == "role before" else trained[h]
+        if (share <= base["role"]) if mistake == "strict role" else (share < base["role"]):
+            continue
+        n += 1
+        other = {"uniform": base["uniform"], "own word": run["untrained"]["cls_to_word"][h],
+                 "trained": run["heads"]["cls_to_not"][1 - h]}.get(mistake, before[1 - h])
+        k += before[h] >= other if mistake == "ties" else before[h] > other
+    return (n, k) if mistake == "swapped" else (k, n)
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("path", ("kernel path", "run.get('replica')")),
+    ("near chance", ("near_chance",)),
+    ("strict learned", ("> learned_at", ">= run['baselines']['learned_at']")),
+    ("strict role", ("> role", ">= run['baselines']['role']")),
+    ("per group", ("per-group shares",)),
+    ("argmin", ("*smaller*",)),
+    ("role before", ("applied to the untrained share",)),
+    ("uniform", ("compared with uniform attention",)),
+    ("own word", ("its own share on the sentiment word",)),
+    ("trained", ("other head's *trained* share",)),
+    ("ties", ("a tie before training", "compare with >")),
+    ("swapped", ("swapped",)),
+])
+def test_recount_names_the_gallerys_mistakes(mistake, words):
+    expect_fail(checks.check_recount(lambda s, m=mistake: recount_variant(s, mistake=m)), *words)
+
+
+def test_recount_names_n_from_fewer_conditions_and_stale_counts():
+    from mha_lib.sentiment.findings import independent, learned
+
+    def n_unfiltered(study):
+        k, _ = recount(study)
+        return k, sum(1 for run in study.runs if independent(run) and learned(run))
+
+    expect_fail(checks.check_recount(n_unfiltered), "a condition was applied to k only", "every")
+    memo = {}
+
+    def by_size(study):
+        return memo.setdefault(len(study.runs), recount(study))
+
+    expect_fail(checks.check_recount(by_size), "remembers an earlier call", "no cache")

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import copy
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from ..sentiment.data import Vocab, batch_examples, make_datasets
 from ..sentiment.model import SentimentClassifier
-from ._core import call, fail, gen, randn
+from ._core import ERROR, Verdict, call, check_device_care, fail, gen, randn
 
 VOCAB = Vocab.for_task()
 
@@ -140,3 +144,78 @@ def call_leaving_model_alone(fn: Callable[..., Any], model: nn.Module, *args: An
         raise fail("your function left gradients in the model's parameters (.grad)",
                    "Only evaluate: compute under `with torch.no_grad():` and call no backward().")
     return out
+
+
+# ---------------------------------------------------------------- probes that name a slip after a wrong answer
+
+_DRAWS = {torch.randint, torch.randperm, torch.rand, torch.randn, torch.multinomial, torch.normal}
+
+
+class _LikeAGpu(TorchFunctionMode):
+    """On the meta device, refuse what a GPU refuses but meta lets through: an embedding looked up with ids
+    on another device, and a draw on the model's device with a CPU generator."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.embedding:
+            ids = args[0] if args else kwargs.get("input")
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            if isinstance(ids, Tensor) and isinstance(weight, Tensor) and ids.device != weight.device:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                                   f"{weight.device} and {ids.device} (an embedding looked up with ids on {ids.device})")
+        if func in _DRAWS and kwargs.get("generator") is not None and kwargs.get("device") is not None:
+            where, drawer = torch.device(kwargs["device"]), kwargs["generator"].device
+            if where.type != drawer.type:
+                raise RuntimeError(f"Tensor on device {drawer} is not on the expected device {where}: a generator on "
+                                   f"{drawer} can't draw on {where}")
+        return func(*args, **kwargs)
+
+
+def device_and_grad_care(fn: Callable[..., Any], *args: Any, what: str, hint: str) -> None:
+    """:func:`check_device_care` as a GPU would refuse it, called with gradients switched off: fails when the
+    function leaves them switched on for a caller that had them off."""
+
+    def like_a_gpu(*given: Any) -> Any:
+        with _LikeAGpu():
+            return fn(*given)
+
+    with torch.no_grad():
+        check_device_care(like_a_gpu, *args, what=what, hint=hint)
+        switched_on = torch.is_grad_enabled()
+    if switched_on:
+        raise fail(f"{what} switched gradients on for a caller that had them off (it was called under "
+                   "torch.no_grad())", "Don't end with torch.set_grad_enabled(True): `with torch.no_grad():` puts "
+                   "back the grad mode it found, whichever it was.")
+
+
+FLOAT64_HINT = ("Something your code makes is float32 while the model is float64: torch.tensor(...) of Python floats "
+                "or of .tolist(), torch.zeros/ones/empty(...) without dtype=, .float(). Create tensors with the "
+                "model's dtype (dtype=model.classifier.weight.dtype, or torch.zeros_like(...)).")
+
+
+def _quiet(fn: Callable[..., Any], model: nn.Module, args: Sequence[Any]) -> Any:
+    """``fn(model, *args)`` with the global random state and grad mode kept; None when it raises."""
+    with torch.random.fork_rng(devices=[]):
+        grad = torch.is_grad_enabled()
+        try:
+            return fn(model, *args)
+        except Exception:  # noqa: BLE001 - a probe: no answer
+            return None
+        finally:
+            torch.set_grad_enabled(grad)
+
+
+def explain(verdict: Verdict, fn: Callable[..., Any], model: nn.Module, args: Callable[[], Sequence[Any]],
+            right: Callable[[Any], bool], *, used_before: bool, label: str) -> Verdict:
+    """A better verdict for a wrong answer or an error, when a probe tells its cause: the function is right on a
+    fresh copy of a model it was called on before (it remembers an earlier call), or an error on a float64 model
+    doesn't happen on a float32 copy (a float32 tensor of its own). ``args()`` gives fresh arguments."""
+    if used_before and right(_quiet(fn, copy.deepcopy(model), args())):
+        return fail(f"your function ({label}) is wrong on a model it was called on before, and right on a fresh copy "
+                    "of it: it remembers something from an earlier call",
+                    "Keep nothing from one call to the next (no cache keyed on the model, on some arguments only or "
+                    "on shapes): compute from the arguments of this call, every time.")
+    if verdict.status == ERROR and next(model.parameters()).dtype == torch.float64:
+        if _quiet(fn, copy.deepcopy(model).float(), args()) is not None:
+            return Verdict(ERROR, f"{verdict.message} (the same call on a float32 copy of the model runs)", FLOAT64_HINT)
+    return verdict

@@ -16,10 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from ..sentiment import attribution as _attribution
-from ._core import (CheckResult, Mistake, check_device_care, close, expect_tensor, fail, float32_close, on_meta,
-                    run_check, where_differs)
-from ._result import Verdict
-from ._sentiment import VOCAB, call_leaving_model_alone, seeded_model, sentences
+from ._core import CheckResult, close, expect_tensor, fail, float32_close, on_meta, run_check, where_differs
+from ._logit_mistakes import mistakes as _mistakes
+from ._logit_mistakes import named_constant, parts_of
+from ._result import ERROR, Verdict
+from ._sentiment import VOCAB, call_leaving_model_alone, device_and_grad_care, explain, seeded_model, sentences
 
 DEFINITION = ("x = <cls>'s vector after the layer = embedding (token + position 0) + one term per head (its output at "
               "<cls> through its slice of W_o, no bias) + W_o's bias + the feed-forward output. With w = classifier "
@@ -27,118 +28,6 @@ DEFINITION = ("x = <cls>'s vector after the layer = embedding (token + position 
               "gives w . (gamma * (t - mean(t)) / sigma), and 'constant' = w . beta + (b_1 - b_0).")
 DEVICE_HINT = ("Make every tensor you create on the model's device (device=tokens.device): a +-1 vector for the "
                "logit difference, a position index torch.zeros(1, dtype=torch.long, device=tokens.device).")
-
-
-def _parts(model: nn.Module, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(heads (N, L, H, d_k), feed-forward (N, L, D), logits (N, 2))`` in evaluation mode."""
-    layer = model.layers[0]
-    got: dict[str, Tensor] = {}
-    handles = [layer.self_attn.W_o.register_forward_pre_hook(lambda m, a: got.__setitem__("heads", a[0])),
-               layer.feed_forward.register_forward_hook(lambda m, a, out: got.__setitem__("ffn", out))]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
-    N, L, _ = got["heads"].shape
-    return got["heads"].view(N, L, model.num_heads, -1), got["ffn"], logits
-
-
-def terms(model: nn.Module, tokens: Tensor, *, position: str | int = 0, center: bool = True, gamma: bool = True,
-          sigma: str = "frozen", beta_each: bool = False, bias_each: bool = False, wo_bias: str = "own",
-          order: int = 1, position_embedding: bool = True) -> dict[str, Tensor]:
-    """Direct logit attribution, right by default, or with one of the known mistakes switched on.
-
-    ``position``: 0 (``<cls>``), an index, ``"last"`` (each sentence's last word) or ``"mean"`` (the
-    mean over the real tokens); ``sigma``: ``"frozen"``, ``"own"`` (each term's own, with eps),
-    ``"no eps"``, ``"unbiased"``, ``"from terms"`` (frozen, but from the sum of the returned terms); ``wo_bias``: ``"own"`` (a term of its own), ``"each head"``
-    (also in every head's term), ``"each head only"`` (in every head's term, no term of its own), ``"none"``; ``order``: -1 for negative minus positive."""
-    heads, ffn, _ = _parts(model, tokens)
-    N, L, H, d_k = heads.shape
-    attention, norm = model.layers[0].self_attn, model.norm
-    W_o, b_o = attention.W_o.weight, attention.W_o.bias  # (D, H * d_k), (D,)
-    real = (tokens != model.pad_id).to(heads.dtype)  # (N, L)
-
-    def at(t: Tensor) -> Tensor:  # (N, L, D) -> (N, D) at the position asked for
-        if position == "mean":
-            return (t * real[..., None]).sum(1) / real.sum(1, keepdim=True)
-        if position == "last":
-            return t[torch.arange(N), real.sum(1).long() - 1]
-        return t[:, position]
-
-    with torch.no_grad():
-        positions = model.position_embedding(torch.arange(L, device=tokens.device))  # (L, D)
-        token = model.token_embedding(tokens)  # (N, L, D)
-        parts = {"embedding": at(token + positions if position_embedding else token)}
-        own = [at(heads[:, :, h] @ W_o[:, h * d_k:(h + 1) * d_k].T) for h in range(H)]
-        for h in range(H):
-            parts[f"head {h}"] = own[h] + (b_o if wo_bias.startswith("each head") else 0)
-        if wo_bias in ("own", "each head"):
-            parts["W_o bias"] = b_o.expand(N, -1)
-        parts["feed-forward"] = at(ffn)
-        x_true = at(token + positions) + sum(own) + b_o + at(ffn)  # the vector LayerNorm reads, at that position
-        x = sum(parts.values()) if sigma == "from terms" else x_true
-        eps = norm.eps
-        frozen = {"frozen": torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps),
-                  "from terms": torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps),
-                  "no eps": x.var(-1, unbiased=False, keepdim=True).sqrt(),
-                  "unbiased": torch.sqrt(x.var(-1, unbiased=True, keepdim=True) + eps)}.get(sigma)
-        w = (model.classifier.weight[1] - model.classifier.weight[0]) * order
-        b = (model.classifier.bias[1] - model.classifier.bias[0]) * order
-        g = norm.weight if gamma else torch.ones_like(norm.weight)
-        out = {}
-        for name, t in parts.items():
-            s = frozen if frozen is not None else torch.sqrt(t.var(-1, unbiased=False, keepdim=True) + eps)
-            centred = t - t.mean(-1, keepdim=True) if center else t
-            value = (g * centred / s + (norm.bias if beta_each else 0)) @ w
-            out[name] = value + (b if bias_each else 0)
-        out["constant"] = (norm.bias @ w + b).expand(N)
-    return out
-
-
-def _mistakes(model: nn.Module, tokens: Tensor) -> list[Mistake]:
-    def variant(**kw: Any) -> Callable[[], dict[str, Tensor]]:
-        return lambda: terms(model, tokens, **kw)
-
-    return [
-        ("the wrong sign: the logit difference negative minus positive", variant(order=-1),
-         "The logit difference is logit[1] - logit[0] (positive minus negative): w = classifier.weight[1] - "
-         "classifier.weight[0], and the same order for the bias."),
-        ("the terms were not centred (LayerNorm subtracts the mean of x, so each term loses its own mean)",
-         variant(center=False), "Subtract each term's own mean over its d_model features: t - t.mean(-1, keepdim=True)."),
-        ("gamma (model.norm.weight) was left out", variant(gamma=False),
-         "LayerNorm multiplies by its gain: gamma * (t - mean(t)) / sigma."),
-        ("sigma was recomputed for each term (each term normalized on its own, as if the LayerNorm ran on it alone)",
-         lambda: [terms(model, tokens, sigma="own", beta_each=beta, bias_each=bias)
-                  for beta, bias in ((False, False), (True, False), (True, True))],
-         "Freeze sigma at its value for the whole vector x, the sum of the terms: sigma = sqrt(x.var(-1, "
-         "unbiased=False) + eps), the same for every term."),
-        ("sigma with the unbiased variance", variant(sigma="unbiased"),
-         "LayerNorm uses the biased variance: x.var(-1, unbiased=False) (or x.std(-1, unbiased=False)), plus eps."),
-        ("sigma without LayerNorm's eps", variant(sigma="no eps"),
-         "sigma = sqrt(x.var(-1, unbiased=False) + model.norm.eps)."),
-        ("beta (model.norm.bias) and the classifier's bias were counted in every term",
-         variant(beta_each=True, bias_each=True),
-         "beta and the classifier's bias belong to no term: they go once into 'constant' = w . beta + (b_1 - b_0)."),
-        ("beta (model.norm.bias) was counted in every term", variant(beta_each=True),
-         "beta belongs to no term: it goes once into 'constant' = w . beta + (b_1 - b_0)."),
-        ("the classifier's bias was counted in every term", variant(bias_each=True),
-         "The classifier's bias belongs to no term: it goes once into 'constant' = w . beta + (b_1 - b_0)."),
-        ("W_o's bias was counted in every head's term (each head through the whole W_o)", lambda: [terms(model, tokens, wo_bias=w, sigma=s) for w in ("each head", "each head only")
-                 for s in ("frozen", "from terms")],
-         "A head's term is its output through its own slice of W_o's weight, W_o.weight[:, h*d_k:(h+1)*d_k], "
-         "without the bias; W_o's bias is a term of its own, 'W_o bias'."),
-        ("the embedding term has no position embedding",
-         lambda: [terms(model, tokens, position_embedding=False, sigma=s) for s in ("frozen", "from terms")],
-         "<cls>'s embedding is token_embedding(<cls>) + position_embedding(0), as in the model's forward."),
-        ("the terms at the wrong position (not <cls>, position 0)",
-         lambda: [terms(model, tokens, position=p) for p in (1, -1, "last", "mean")],
-         "Only <cls>'s vector, position 0, reaches the classifier: read every part at [:, 0]."),
-    ]
 
 
 _ABOUT = ("'embedding', 'head 0' ... 'head H-1', 'W_o bias', 'feed-forward' and 'constant'")
@@ -165,6 +54,25 @@ def _diagnose(out: dict[str, Tensor], expected: dict[str, Tensor], logit_diff: T
     if named is not None:
         return named
     wrong = [name for name in expected if not close(out[name], expected[name])]
+    if wrong == ["constant"]:
+        slip = named_constant(out["constant"], model)
+        return fail(f"{message}: only 'constant' differs" + (f": {slip}" if slip else ""),
+                    "'constant' = w . beta + (b_1 - b_0), with w = classifier.weight[1] - classifier.weight[0], beta = "
+                    "model.norm.bias and b = model.classifier.bias: what the final LayerNorm and the classifier add "
+                    "whatever the sentence.")
+    heads = [name for name in expected if name.startswith("head ")]
+    if sorted(wrong) == sorted(heads):
+        return fail(f"{message}: only the heads' terms differ ({', '.join(map(repr, wrong))})",
+                    "Head h's term is its output at <cls>, W_o's input features [h*d_k, (h+1)*d_k), through the "
+                    "same columns of W_o's weight: part @ W_o.weight[:, h*d_k:(h+1)*d_k].T, no bias.")
+    vectors = [name for name in expected if name != "constant"]
+    ratios = torch.stack([out[n].detach().double().cpu() / expected[n].double().cpu() for n in vectors])  # (T, B)
+    if not all(float32_close(out[name], expected[name]) for name in wrong) and "constant" not in wrong and \
+            bool(torch.isfinite(ratios).all()) and torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=1e-6):
+        return fail(f"{message}: every term is off by the same factor in each sentence, so sigma is off",
+                    "sigma = sqrt(x.var(dim=-1, unbiased=False) + eps), x being <cls>'s vector after the layer (the "
+                    "sum of every term's vector, or what a forward pre-hook on model.norm receives), one sigma per "
+                    "sentence.")
     if all(float32_close(out[name], expected[name]) for name in wrong):
         return fail(f"{message}: right only up to float32's rounding, so part of the computation ran in float32 while "
                     "the model is float64", "Keep the model's dtype: no .float(), no torch.tensor(...) of Python floats.")
@@ -190,13 +98,32 @@ def check_logit_attribution(fn: Callable[..., Any]) -> CheckResult:
         witness = first.layers[0].self_attn.W_o.register_forward_pre_hook(lambda module, args: None)
         cases = [(first, 7, 43, "3 heads, float64, training mode"),
                  (first, 5, 44, "3 heads, float64, other sentences, a hook of its own on W_o"),
+                 (first, -7, 43, "3 heads, float64, the first sentences in reverse order"),  # the same shape
                  (second, 6, 45, "2 heads, float32, evaluation mode")]
+        seen: set[int] = set()
         try:
             for model, B, seed, label in cases:
-                examples, tokens, _ = sentences(B, seed)
+                examples, tokens, _ = sentences(abs(B), seed)
+                if B < 0:
+                    B, examples, tokens = -B, examples[::-1], tokens.flip(0)
                 given = tokens.clone()
-                out = call_leaving_model_alone(fn, model, given, what=f"your function ({label})",
-                                               forbidden=[_attribution.logit_attribution.__wrapped__])
+                expected = {n: v.to(next(model.parameters()).dtype)
+                            for n, v in _attribution.logit_attribution(model, examples, VOCAB).items()}
+
+                def right(out: Any, expected: dict[str, Tensor] = expected) -> bool:
+                    return isinstance(out, dict) and set(out) == set(expected) and all(
+                        isinstance(out[n], Tensor) and out[n].shape == v.shape and close(out[n].detach(), v)
+                        for n, v in expected.items())
+
+                used_before, _ = id(model) in seen, seen.add(id(model))
+                fresh = lambda tokens=tokens: [tokens.clone()]  # noqa: E731
+                try:
+                    out = call_leaving_model_alone(fn, model, given, what=f"your function ({label})",
+                                                   forbidden=[_attribution.logit_attribution.__wrapped__])
+                except Verdict as verdict:
+                    if verdict.status == ERROR:
+                        raise explain(verdict, fn, model, fresh, right, used_before=used_before, label=label) from None
+                    raise
                 if not torch.equal(given, tokens):
                     raise fail(f"your function changed `tokens` in place ({label})", "Compute new tensors instead.")
                 dtype = next(model.parameters()).dtype
@@ -207,6 +134,10 @@ def check_logit_attribution(fn: Callable[..., Any]) -> CheckResult:
                 if not isinstance(out, dict):
                     raise fail(f"your function returned {type(out).__name__}, expected a dict {{term name: tensor (B,)}}",
                                f"Return one entry per term: {_ABOUT}.")
+                if used_before and not right(out):
+                    stale = explain(fail(f"wrong terms ({label})"), fn, model, fresh, right, used_before=True, label=label)
+                    if stale.hint:
+                        raise stale
                 given_terms = {n: expect_tensor(out[n], f"the term {n!r} ({label})", (B,), dtype=dtype,
                                                 explain=" (B,), one number per sentence") for n in names if n in out}
                 missing = [n for n in names if n not in out]
@@ -223,15 +154,13 @@ def check_logit_attribution(fn: Callable[..., Any]) -> CheckResult:
                                + (f" (missing: {missing})" if missing else "") + (f" (extra: {extra})" if extra else ""),
                                f"Return exactly these entries: {_ABOUT}.")
                 out = given_terms
-                expected = {n: v.to(dtype) for n, v in _attribution.logit_attribution(model, examples, VOCAB).items()}
-                _, _, logits = _parts(model, tokens)
+                logits = parts_of(model, tokens)["logits"]
                 if not all(close(out[n], expected[n]) for n in names):
                     raise _diagnose(out, expected, logits[:, 1] - logits[:, 0], model, tokens, label)
         finally:
             witness.remove()
         _, tokens, _ = sentences(4, 46)
-        with torch.no_grad():
-            check_device_care(fn, on_meta(first), on_meta(tokens), what="your function", hint=DEVICE_HINT)
+        device_and_grad_care(fn, on_meta(first), on_meta(tokens), what="your function", hint=DEVICE_HINT)
         return ("every term right on 2 untrained models (2 and 3 heads, float32 and float64), twice on the same "
                 "model, and on another device; the terms add up to the logit difference; the models are left as they were")
 
