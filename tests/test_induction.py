@@ -192,8 +192,17 @@ def test_losses_split_and_phase_change_step():
     everything, predictable, other = losses(uniform, b)
     assert all(math.isclose(x.item(), math.log(16), rel_tol=1e-6) for x in (everything, predictable, other))
     history = {"step": [0, 10, 20, 30], "loss": [4.1, 3.9, 1.5, 0.9]}
-    assert phase_change_step(history, math.log(64) / 2) == 20
-    assert phase_change_step(history, 0.5) is None
+    assert phase_change_step(history, math.log(64) / 2, consecutive=1) == 20
+    assert phase_change_step(history, math.log(64) / 2, consecutive=2) == 20
+    assert phase_change_step(history, math.log(64) / 2) is None  # 5 records in a row by default: only 2 here
+    assert phase_change_step(history, 0.5, consecutive=1) is None
+    # one noisy batch below the threshold is not a phase change; five in a row are, from the first of them
+    noisy = {"step": list(range(0, 120, 10)), "loss": [4.1, 1.9, 4.0, 3.9, 1.9, 1.8, 2.2, 1.5, 1.4, 1.3, 1.2, 1.1]}
+    assert phase_change_step(noisy, math.log(64) / 2, consecutive=1) == 10
+    assert phase_change_step(noisy, math.log(64) / 2) == 70
+    assert phase_change_step(dict(noisy, loss=noisy["loss"][:11]), math.log(64) / 2) is None  # too late to tell
+    with pytest.raises(ValueError, match="consecutive"):
+        phase_change_step(history, 2.0, consecutive=0)
 
 
 def test_train_induction_runs_and_leaves_global_state(capsys):

@@ -70,8 +70,8 @@ def test_the_committed_study_gives_the_counts_the_chapter_states(study):
 
 def test_check_findings_speaks_only_to_the_runs_a_finding_is_about(study):
     one_layer = next(r for r in study.runs if r["num_layers"] == 1)
-    assert set(check_findings(one_layer)) == {"untrained: no head has a role", "one layer never changes phase",
-                                               "one layer: no induction head"}
+    assert set(check_findings(one_layer)) == {"untrained: no head has a role", "untrained: no head copies",
+                                               "one layer never changes phase", "one layer: no induction head"}
     stuck = next(r for r in study.runs if r["num_layers"] == 2 and r["phase_change"] is None)
     assert not any(name.startswith("learned: a duplicate") for name in check_findings(stuck))
 
@@ -99,7 +99,11 @@ def test_a_run_records_what_the_chapter_reads(tiny):
     assert len(run["history"]) == 2  # steps 0 and 6 (log_every 10): the study file's "steps", tested below
     assert set(run["scores"][0]) == {"previous_token", "self", "duplicate", "induction"}
     assert len(run["ablation"]) == 2 and len(run["ablation"][0]) == tiny["model"]["num_heads"]
-    assert set(run["composition"]) == {"q", "k", "v"}
+    assert set(run["composition"]) == {"q", "k", "v"} and all("all" in run["composition"][w] for w in "qkv")
+    assert set(run["parts"]) == set(run["parts_all"]) == {"q", "k", "v"}
+    assert set(run["parts"]["q"]) == {"token", "position", "bias"} and len(run["parts"]["k"]["bias"]) == 4
+    assert len(run["mean_ablation"]["q"]) == 4 and set(run["weight_composition"]) == {"q", "k", "v"}
+    assert len(run["copying"]["score"]) == len(run["untrained_copying"]["eigen"]) == 2
     again = run_seed(3, 2, "tiny")
     assert again["history"] == run["history"] and again["scores"] == run["scores"]  # a seed is one run
     other = run_seed(4, 2, "tiny")
@@ -126,3 +130,101 @@ def test_the_command_names_a_bad_configuration(capsys):
 def test_load_study_names_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="python -m mha_lib.induction study"):
         load_study(Path(tmp_path) / "none.json")
+
+
+# --- the mechanism findings, recounted from the JSON by hand (no FINDINGS code) --------------
+
+def _raw():
+    return json.loads(Path(study_module.STUDY_FILE).read_text())
+
+
+def _changed(data, config):
+    return [r for r in data["runs"] if r["config"] == config and r["num_layers"] == 2 and r["phase_change"] is not None]
+
+
+def _argmax(xs):
+    return max(range(len(xs)), key=xs.__getitem__)
+
+
+def test_the_phase_change_is_five_records_in_a_row_recounted_from_the_histories():
+    data = _raw()
+    for run in data["runs"]:
+        steps, history = data["steps"][run["config"]], run["history"]
+        threshold = data["baselines"][run["config"]]["phase_threshold"]
+        first = None
+        for i in range(len(history) - 4):
+            if all(loss < threshold for loss in history[i:i + 5]):
+                first = steps[i]
+                break
+        # the recorded losses are rounded to 3 digits: only a loss within 6e-5 above ln(64) / 2 could flip
+        assert run["phase_change"] == first, (run["config"], run["seed"])
+
+
+def test_the_mechanism_counts_recounted_by_hand():
+    data = _raw()
+    base = data["baselines"]["learned"]
+    runs = _changed(data, "learned")
+    dup = [_argmax(r["scores"][0]["duplicate"]) for r in runs]
+    threshold = base["phase_threshold"]
+    position = sum(r["parts"]["q"]["position"][d] >= threshold for r, d in zip(runs, dup))
+    token = sum(r["parts"]["q"]["token"][d] < threshold for r, d in zip(runs, dup))
+    bias = sum(r["parts"]["q"]["bias"][d] < threshold for r, d in zip(runs, dup))
+    mean = sum(r["mean_ablation"]["q"][d] >= threshold for r, d in zip(runs, dup))
+    keys = sum(r["composition"]["k"]["all"] < threshold for r in runs)
+    values = sum(r["composition"]["v"]["all"] < threshold for r in runs)
+    n = len(runs)
+    assert STATED["learned: the position part is needed in the queries"] == (position, n)
+    assert STATED["learned: the token part is not needed in the queries"] == (token, n)
+    assert STATED["learned: the bias part is not needed in the queries"] == (bias, n)
+    assert STATED["learned: mean-ablated in the queries, it is needed too"] == (mean, n)
+    assert STATED["learned: all four layer-1 heads at once are not needed in the keys"] == (keys, n)
+    assert STATED["learned: all four layer-1 heads at once are not needed in the values"] == (values, n)
+    single = sum(sum(s >= base["induction_head"] for s in r["scores"][0]["duplicate"]) == 1 for r in runs)
+    assert STATED["learned: one duplicate-token head only"] == (single, n)
+    copies = sum(min(r["copying"]["score"][1]) >= base["copying_head"] for r in runs)
+    assert STATED["learned: all four layer-2 heads copy"] == (copies, n)
+    p99 = base["random_composition_p99"]
+    high_q = sum(min(r["weight_composition"]["q"][d]) >= p99 for r, d in zip(runs, dup))
+    no_high_k = sum(max(x for row in r["weight_composition"]["k"] for x in row) < p99 for r in runs)
+    assert STATED["learned: high Q-composition of the duplicate-token head with every layer-2 head"] == (high_q, n)
+    assert STATED["learned: no high K-composition score"] == (no_high_k, n)
+    untrained = [max(x for layer in r["untrained_copying"]["score"] for x in layer) < data["baselines"][r["config"]]["copying_head"]
+                 for r in data["runs"]]
+    assert STATED["untrained: no head copies"] == (sum(untrained), len(untrained))
+    two = [r for r in data["runs"] if r["num_layers"] == 2]
+    agree = sum((r["phase_change"] is not None) == (r["loss"]["predictable"] < data["baselines"][r["config"]]["phase_threshold"])
+                for r in two)
+    assert STATED["two layers: a phase change is a held-out loss below the threshold"] == (agree, len(two))
+
+
+def test_the_mechanism_findings_can_fail():
+    # each new finding is false somewhere it could be: on the runs before training, or on made-up records
+    data = _raw()
+    run = _changed(data, "learned")[0]
+    d = _argmax(run["scores"][0]["duplicate"])
+    broken = json.loads(json.dumps(run))
+    broken["parts"]["q"]["position"][d] = run["loss"]["predictable"]  # the position part not needed after all
+    broken["parts"]["q"]["token"][d] = 4.0  # the token part needed
+    broken["copying"]["score"][1][0] = 1 / 64  # a layer-2 head that copies nothing
+    broken["weight_composition"]["q"][d] = [0.1] * 4  # no Q-composition above random
+    broken["weight_composition"]["k"][0][0] = 0.5
+    verdicts = check_findings(broken)
+    for name in ("learned: the position part is needed in the queries", "learned: the token part is not needed in the queries",
+                 "learned: all four layer-2 heads copy",
+                 "learned: high Q-composition of the duplicate-token head with every layer-2 head",
+                 "learned: no high K-composition score"):
+        assert verdicts[name] is False, name
+
+
+def test_the_shipped_model_is_the_study_run_of_seed_0(study):
+    from mha_lib.induction.run import eval_batch, measure
+    from mha_lib.induction.study import load_trained
+
+    torch.set_num_threads(1)
+    run = next(r for r in study.runs if r["config"] == "learned" and r["num_layers"] == 2 and r["seed"] == 0)
+    measured = measure(load_trained(), eval_batch(0), mechanism=False)
+    assert measured["loss"]["predictable"] == pytest.approx(run["loss"]["predictable"], abs=0.01)
+    for layer in range(2):
+        assert measured["copying"]["score"][layer] == pytest.approx(run["copying"]["score"][layer], abs=0.05)
+    for which in "qkv":
+        assert measured["composition"][which]["loss"] == pytest.approx(run["composition"][which]["loss"], abs=0.01)

@@ -37,9 +37,10 @@ from .scores import (
     uniform_induction_score,
     uniform_previous_token_score,
 )
-from .train import losses, phase_change_step, train_induction
+from .train import PHASE_RECORDS, losses, phase_change_step, train_induction
 
 __all__ = [
+    "PHASE_RECORDS",
     "POSITIONS",
     "AttentionOnlyTransformer",
     "RepeatBatch",

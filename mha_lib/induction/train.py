@@ -4,7 +4,8 @@
 model loss) and records the loss on the predictable tokens (the second copy after its first
 token) and on the rest separately. Nothing can predict the rest better than uniform,
 ``ln V``; the predictable tokens can be predicted perfectly, by copying.
-:func:`phase_change_step` finds the step where the predictable loss drops.
+:func:`phase_change_step` finds the step where the predictable loss drops and stays down
+(:data:`PHASE_RECORDS` records in a row).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..validation import check_positive_int, check_positive_number, describe
 from .data import RepeatBatch, check_task, repeated_segments
 from .model import AttentionOnlyTransformer
 
-__all__ = ["losses", "phase_change_step", "train_induction"]
+__all__ = ["PHASE_RECORDS", "losses", "phase_change_step", "train_induction"]
 
 
 def losses(logits: Tensor, batch: RepeatBatch) -> tuple[Tensor, Tensor, Tensor]:
@@ -125,15 +126,25 @@ def train_induction(
     return history
 
 
-def phase_change_step(history: dict[str, list[float]], threshold: float) -> int | None:
-    """The first recorded step whose predictable loss is below ``threshold``, or None.
+PHASE_RECORDS = 5  # records in a row below the threshold that make a phase change (one noisy batch can't)
 
-    A natural threshold is ``math.log(V) / 2``: halfway between a model that knows nothing
-    (uniform over the vocabulary, ``ln V``) and one that copies perfectly (0).
+
+def phase_change_step(history: dict[str, list[float]], threshold: float, consecutive: int = PHASE_RECORDS) -> int | None:
+    """The first recorded step from which ``consecutive`` records in a row have a predictable loss
+    below ``threshold``, or None.
+
+    Each record is the loss of one training batch, and one batch can dip below the threshold by
+    chance; ``consecutive`` independent batches in a row (default :data:`PHASE_RECORDS`, 50
+    steps when a record is taken every 10) cannot be one noisy batch. A run that drops in its
+    last ``consecutive - 1`` records is not counted. A natural threshold is
+    ``math.log(V) / 2``: halfway between a model that knows nothing (uniform over the
+    vocabulary, ``ln V``) and one that copies perfectly (0).
     """
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(threshold):
         raise ValueError(f"threshold must be a number (a loss, e.g. math.log(vocab_size) / 2), got {threshold!r}")
-    for step, loss in zip(history["step"], history["loss"]):
-        if loss < threshold:
+    consecutive = check_positive_int(consecutive, "consecutive")
+    below = [loss < threshold for loss in history["loss"]]
+    for i, step in enumerate(history["step"]):
+        if all(below[i:i + consecutive]) and len(below[i:i + consecutive]) == consecutive:
             return int(step)
     return None
