@@ -651,10 +651,9 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (a near tie between two logits may fall the other way on another machine)
-copy = [[copying_score(model, layer, h) for h in range(4)] for layer in range(2)]
-for layer in range(2):
-    print(f"layer {layer + 1}, copying score per head: " + "  ".join(f"h{h} {x:.2f}" for h, x in enumerate(copy[layer])))
-assert min(copy[1]) >= base["copying_head"]  # every layer-2 head copies
+copy = [copying_score(model, 1, h) for h in range(4)]  # layer 2 (layer 1's heads: exercise 8.5)
+print("layer 2, copying score per head: " + "  ".join(f"h{h} {x:.2f}" for h, x in enumerate(copy)))
+assert min(copy) >= base["copying_head"]  # every layer-2 head copies
 for name in ("learned: all four layer-2 heads copy", "rotary: all four layer-2 heads copy", "untrained: no head copies"):
     print(f"{name}: {counts[name][0]} of {counts[name][1]} runs")
     assert counts[name] == STATED[name]
@@ -665,10 +664,8 @@ for name in ("learned: all four layer-2 heads copy", "rotary: all four layer-2 h
 # heads copy in 17 of the 19 runs with learned positions; no head of any untrained model does
 # (58 of 58 runs). In the rotary runs of section 7, no run has all four over the threshold
 # (0 of 10): one by one, their heads copy less cleanly, a difference this chapter does not
-# explain. Some
-# layer-1 heads copy too (here heads 0 and 3, which spread their attention over the past): they
-# raise the logits of the tokens already in the context, the one thing a single layer can learn
-# (section 8).
+# explain. Do the heads of layer 1 copy, and the one that layer 2 needs? Exercise 8.5 lets you
+# measure it.
 #
 # So, in this chapter, an **induction head** is a head that does both halves, each measured
 # against its baseline: its induction score (section 4) and its copying score reach their

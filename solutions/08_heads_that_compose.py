@@ -29,7 +29,12 @@
 # 3. ablation: the loss of the model with each head silenced in turn.
 #
 # Then you load chapter 08's trained two-layer model, measure every head with your three tools,
-# and say which heads do the work.
+# and say which heads do the work. Two more exercises then look inside the heads, at their
+# weights:
+#
+# 4. what a layer-1 head writes, split into a part that comes from the tokens, one that comes
+#    from the positions and one from a bias;
+# 5. whether a head *copies*: what its weights do to the logit of the token it attends to.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -47,11 +52,16 @@ import torch
 from mha_lib import get_device, seed_everything
 from mha_lib.checks import (
     check_ablation_losses,
+    check_copying_score,
+    check_head_parts,
     check_induction_score,
+    check_ov_circuit,
     check_previous_token_score,
     check_repeated_segment_batch,
 )
 from mha_lib.induction import (
+    AttentionOnlyTransformer,
+    induction_queries,
     losses,
     repeated_segments,
     silence_heads,
@@ -350,6 +360,275 @@ print(f"needed: layer 1, head {key_head}; silenced, the loss rises past half of 
 # The lesson: a score tests a hypothesis chosen in advance ("is this a previous-token head?");
 # ablation asks the model which heads it needs. Here they disagree, and the ablation is the one
 # that measured what the model does.
+# <!-- END ANSWER -->
+
+# %% [markdown]
+# ## Exercise 8.4 · What a layer-1 head writes: token, position and bias
+#
+# Your ablation table named one head of layer 1 that the induction heads need. What does it pass
+# them? Layer 1 reads the embeddings, `x_j = E[t_j] + P_j`: the embedding of token `t_j`
+# (`model.token_embedding`) plus the learned embedding of position `j` (row `j` of
+# `model.position_embedding`, a `(max_len, D)` table). A head is linear in its values, so head
+# `h`'s output at query `i`, the term it adds to the residual stream
+# (`model.head_outputs(tokens)[0][:, h]`, `(B, L, D)`), splits into three parts that add up to it
+# exactly:
+#
+# $$\underbrace{\sum_j A_{ij}\, E[t_j]\, W_v^{h\top} W_o^{h\top}}_{\text{token}}
+# \;+\; \underbrace{\sum_j A_{ij}\, P_j\, W_v^{h\top} W_o^{h\top}}_{\text{position}}
+# \;+\; \underbrace{b_v^h\, W_o^{h\top}}_{\text{bias}}$$
+#
+# The bias part needs no sum: the weights of a row add up to 1. Here `A = weights[0][:, h]`,
+# `(B, L, L)`, are the head's attention weights in layer 1 (`model(tokens, return_weights=True)`
+# returns one weights tensor per layer), and, with `rows = slice(h * d_k, (h + 1) * d_k)`,
+# `W_v^h = model.layers[0].W_v.weight[rows]` `(d_k, D)`, `b_v^h = model.layers[0].W_v.bias[rows]`
+# `(d_k,)` and `W_o^h = model.layers[0].W_o.weight[:, rows]` `(D, d_k)`: an `nn.Linear` stores its
+# weight as `(out, in)` and computes `x @ weight.T + bias`. `W_o`'s own bias is added once to the
+# layer's output, after the heads are summed: it belongs to no head, so to none of the parts.
+#
+# Write `head_parts(model, tokens, head)` returning `(token, position, bias)`, each `(B, L, D)`;
+# the bias part is the same vector at every query of every sequence (expand it).
+#
+# - **Mode and state.** The check hands over models in training mode (some with attention
+#   dropout switched on), with gradients on and a hook of their own. Compute the attention
+#   weights in evaluation mode, and leave the model as you found it: its mode (whichever it
+#   was), `requires_grad`, hooks, parameters and gradients.
+# - **dtype and device.** Return the model's dtype (the check uses float32 and float64 models),
+#   on the model's device: create any tensor you need on `tokens.device` (the check runs your
+#   function once more on another device).
+#
+# Don't call `mha_lib.induction.circuits.head_parts`.
+#
+# <details><summary>Hint 1</summary>
+#
+# `A @ values`, with `A` `(B, L, L)` and `values` `(B, L, D)`, is the weighted sum over the keys
+# for every query at once; values `(L, D)`, the same for every sequence, broadcast.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `was_training = model.training; model.eval()` before the forward pass, and
+# `model.train(was_training)` in a `finally:` block after it.
+# </details>
+
+# %%
+def head_parts(model, tokens, head):
+    # BEGIN SOLUTION
+    layer = model.layers[0]
+    was_training = model.training
+    model.eval()  # the weights without dropout
+    try:
+        with torch.no_grad():
+            _, weights = model(tokens, return_weights=True)
+    finally:
+        model.train(was_training)
+    A = weights[0][:, head]  # (B, L, L): layer 1, this head
+    rows = slice(head * layer.d_k, (head + 1) * layer.d_k)
+    W_v, b_v = layer.W_v.weight[rows], layer.W_v.bias[rows]  # (d_k, D), (d_k,)
+    W_o = layer.W_o.weight[:, rows]  # (D, d_k)
+    E = model.token_embedding(tokens)  # (B, L, D)
+    P = model.position_embedding[: tokens.size(1)]  # (L, D): position j reads row j
+    token = A @ (E @ W_v.T @ W_o.T)  # (B, L, D)
+    position = A @ (P @ W_v.T @ W_o.T)  # (B, L, D)
+    bias = (b_v @ W_o.T).expand_as(token)  # (B, L, D): the rows of A sum to 1
+    return token, position, bias
+    # END SOLUTION
+
+
+# %%
+check_head_parts(head_parts)
+
+# %% [markdown]
+# Now measure what the four heads of layer 1 write, on the batch above: for each head and each
+# part, the mean length (`.norm(dim=-1)`) of the part over the queries of the second copy whose
+# next token the first copy tells (`induction_queries(batch)[0]`, `(B, L)`, True there), and over
+# all other queries. Print one line per head.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the lengths may differ in the last digit between machines)
+# BEGIN SOLUTION
+at_copy = induction_queries(batch)[0].cpu()  # (B, L): the queries second + i, i = 0 ... n - 2
+norms = torch.zeros(model.num_heads, 2, 3)  # [head, (at the second copy, elsewhere), (token, position, bias)]
+for h in range(model.num_heads):
+    with torch.no_grad():
+        parts = head_parts(model, batch.tokens, h)
+    for k, part in enumerate(parts):
+        length = part.norm(dim=-1).cpu()  # (B, L): how much the head writes at each query
+        norms[h, 0, k], norms[h, 1, k] = length[at_copy].mean(), length[~at_copy].mean()
+names = "".join(f"{name:>9}" for name in ("token", "position", "bias"))
+print(f"{'layer 1':9}{'at the second copy':^27}   {'elsewhere':^27}")
+print(f"{'':9}{names}   {names}")
+for h in range(model.num_heads):
+    print(f"head {h:<4}" + "".join(f"{v:9.2f}" for v in norms[h, 0].tolist()) + "   "
+          + "".join(f"{v:9.2f}" for v in norms[h, 1].tolist()))
+# END SOLUTION
+
+# %%
+# SOLUTION ONLY
+# What the model answer below says, checked on this model: the parts add up to the head's output,
+# and the head that the model needs writes mostly its position part, at the second copy as elsewhere.
+with torch.no_grad():
+    split = head_parts(model, batch.tokens, key_head)
+    assert torch.allclose(sum(split), model.head_outputs(batch.tokens)[0][:, key_head], atol=1e-4)
+assert norms[key_head, 0, 1] > 1.5 * norms[key_head, 0, 0] and norms[key_head, 1, 1] > 1.5 * norms[key_head, 1, 0]
+assert (norms[key_head, :, 2] < norms[key_head, :, 0] / 4).all()  # the bias part is small
+assert norms[second[0], 0, 1] > 1.5 * norms[second[0], 1, 1]  # the weaker duplicate-token head: more position at the copy
+print(f"layer 1, head {key_head}: position part {norms[key_head, 0, 1]:.1f} / token part {norms[key_head, 0, 0]:.1f} "
+      f"at the second copy")
+
+# %% [markdown]
+# Which part dominates what the head that your ablation found necessary writes, at the second
+# copy and elsewhere? And does the largest part have to be the one that the next layer uses?
+#
+# <!-- BEGIN ANSWER -->
+# **Model answer.** *(Asserted in the cell above, on the shipped model.)* The necessary head
+# (head 1 of layer 1) writes mostly its **position** part: about 2.6 long, against 1.4 for the
+# token part and 0.2 for the bias, and that holds at the second copy as much as anywhere else.
+# From the second copy it attends to the earlier occurrence of the current token (its
+# duplicate-token score), so what it writes there is chiefly *where* that earlier occurrence
+# sits. The weaker duplicate-token head (head 2) writes about twice as much position at the
+# second copy as elsewhere. Heads 0 and 3 write little of either.
+#
+# A length says how much a head writes, not what anybody reads: layer 2 could ignore a large
+# part and rely on a small one. To find out, remove one part from one input of layer 2 only
+# (`mha_lib.induction.circuits.remove_parts`, e.g. the position part of this head from the
+# induction heads' *queries*) and watch the loss on the predictable tokens.
+# <!-- END ANSWER -->
+#
+# <!-- BEGIN SOLUTION -->
+# **Discussion.** The split is exact because everything after the attention weights is linear:
+# `A` mixes the values, `W_v` and `W_o` are matrices, and `E[t_j] + P_j` is a sum, so the sum can
+# be taken apart term by term; only the softmax, inside `A`, is not linear, and `A` is kept as it
+# is. The slips the check names come from the bookkeeping: `W_o`'s bias counted in a part (it
+# belongs to the layer, not to a head), `b_v` forgotten or summed over the keys without the
+# weights, the whole position table (`max_len` rows) instead of the first `L`, and slicing
+# `nn.Linear` weights by columns where they need rows (`W_v`: rows, `W_o`: columns).
+# <!-- END SOLUTION -->
+#
+# ## Exercise 8.5 · Does a head copy?
+#
+# An induction head attends to the token *after* the earlier occurrence of the current one. To
+# predict it, it must also **copy** it: raise that token's logit. Where a head looks is in its
+# attention weights; what it does with what it finds is in its weights alone (Elhage et al.,
+# 2021). When head `h` of a layer attends fully to a token `b`, its value path carries `E[b]` to
+# the logits as `W_U W_o^h W_v^h E[b]`. For all tokens at once this is the head's **OV circuit**,
+# read through the unembedding:
+#
+# $$C = W_U\, W_o^h\, W_v^h\, E^\top \quad (V \times V), \qquad C[a, b] = \text{what attending to
+# token } b \text{ adds to logit } a,$$
+#
+# with `W_U = model.unembed.weight` `(V, D)`, `E = model.token_embedding.weight` `(V, D)`, and head
+# `h`'s rows of `W_v` and columns of `W_o` in `model.layers[layer]`, as in 8.4. It leaves out the
+# biases (they add the same whatever the token), the positions, and, for a layer-2 head, what
+# layer 1 adds to the stream: it is the direct path from a token to the logits through one head.
+#
+# 1. `ov_circuit(model, layer, head)`: `C`, `(V, V)`, entry `[a, b]` as above (`layer` counts
+#    from 0: `model.layers[layer]`).
+# 2. `copying_score(model, layer, head)`: the share of tokens `b` whose own logit is the one the
+#    head raises most when it attends to `b` (`C[b, b]` is the largest entry of column `b`), as a
+#    Python float.
+#
+# **The baseline, stated before any measurement.** In a head whose weights have nothing to do
+# with copying, the largest entry of a column lands on the diagonal with chance `1 / V`: a score
+# of about `1 / 64 ≈ 0.016`. The number of such columns is then about Poisson with mean 1, so at
+# most 4 of 64 (0.0625) for 99.6 % of such heads. A head that copies every token scores 1.
+#
+# The same rules as in 8.4: the models come in training mode with gradients on and must be left
+# as found; return the model's dtype (the circuit) and make any tensor you create on the model's
+# device (`torch.arange(V, device=circuit.device)`; each check runs your function once more on
+# another device). Don't call the functions of `mha_lib.induction.circuits`.
+#
+# <details><summary>Hint</summary>
+#
+# `circuit.argmax(dim=0)` gives, for every column, the row of its largest entry.
+# </details>
+
+# %%
+def ov_circuit(model, layer, head):
+    # BEGIN SOLUTION
+    attention = model.layers[layer]
+    rows = slice(head * attention.d_k, (head + 1) * attention.d_k)
+    W_v = attention.W_v.weight[rows]  # (d_k, D)
+    W_o = attention.W_o.weight[:, rows]  # (D, d_k)
+    return model.unembed.weight @ W_o @ W_v @ model.token_embedding.weight.T  # (V, V): [logit a, source token b]
+    # END SOLUTION
+
+
+# %%
+check_ov_circuit(ov_circuit)
+
+# %%
+def copying_score(model, layer, head):
+    # BEGIN SOLUTION
+    with torch.no_grad():
+        circuit = ov_circuit(model, layer, head)  # (V, V)
+    own = torch.arange(circuit.size(0), device=circuit.device)  # token b's own logit is row b
+    return (circuit.argmax(dim=0) == own).float().mean().item()
+    # END SOLUTION
+
+
+# %%
+check_copying_score(copying_score)
+
+# %% [markdown]
+# Which heads of the shipped model copy? **Before you run anything, write down what you expect**
+# for the four induction heads of layer 2, for the head of layer 1 that your ablation found
+# necessary, and for a model that was never trained. Then measure: the copying score of every
+# head of both layers of `model`, and of an untrained model of the same shape
+# (`torch.manual_seed(0)`, then `AttentionOnlyTransformer(64, max_len=24)`, moved to `device`),
+# next to the baseline. Does the necessary head of layer 1 copy? If not, what does 8.4 say it
+# writes instead?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (a score counts columns: a near-tie could fall the other way on another machine)
+# BEGIN SOLUTION
+torch.manual_seed(0)
+untrained = AttentionOnlyTransformer(VOCAB_SIZE, max_len=24).to(device)  # built on the CPU, then moved
+copying = torch.tensor([[copying_score(model, l, h) for h in range(model.num_heads)] for l in range(model.num_layers)])
+at_random = torch.tensor([[copying_score(untrained, l, h) for h in range(4)] for l in range(2)])
+print(f"baseline, weights unrelated to copying: 1/V = {1 / VOCAB_SIZE:.3f} "
+      f"(at most 4 of {VOCAB_SIZE} = {4 / VOCAB_SIZE:.3f} for 99.6 % of such heads)\n")
+heads = "".join(f"{f'h{h}':>6}" for h in range(model.num_heads))
+print(f"{'copying score':14}{'trained':^24}   {'untrained':^24}")
+print(f"{'':14}{heads}   {heads}")
+for l in range(model.num_layers):
+    print(f"layer {l + 1:<8}" + "".join(f"{v:6.2f}" for v in copying[l].tolist()) + "   "
+          + "".join(f"{v:6.2f}" for v in at_random[l].tolist()))
+# END SOLUTION
+
+# %%
+# SOLUTION ONLY
+# What the model answer below says, checked on this model. "Copies": a score at least halfway from
+# the baseline 1/V to 1 (chapter 08's rule for a role); "chance": at most 4 of 64.
+chance, copies = 4 / VOCAB_SIZE, role_threshold(1 / VOCAB_SIZE)
+assert (copying[1] >= copies).all()  # every induction head copies
+assert copying[0, key_head] <= chance  # the necessary head of layer 1 does not
+assert (at_random <= chance).all()  # nor does any head of the untrained model
+copiers = [h for h in range(4) if h != key_head and copying[0, h] >= copies]
+assert len(copiers) == 2 and all(silenced[0, h] < phase for h in copiers)  # two heads of layer 1 copy, unneeded
+print(f"layer 2 copies ({copying[1].min():.2f} or more); layer 1's head {key_head} scores {copying[0, key_head]:.3f}; "
+      f"layer 1's heads {copiers} copy but are not needed")
+
+# %% [markdown]
+# <!-- BEGIN ANSWER -->
+# **Model answer.** *(Asserted in the cell above, on the shipped model.)*
+#
+# *The induction heads copy.* All four heads of layer 2 score 0.6 to 0.7, about forty times the
+# 0.016 of weights unrelated to copying: for two thirds of the 64 tokens, attending to a token
+# raises that token's own logit more than any other. The untrained model's heads all score at
+# most 2 of 64, chance, so the copying was learned.
+#
+# *The necessary head of layer 1 does not copy.* Head 1 of layer 1 scores 0.03 (2 of 64):
+# chance. What it moves is not the token: 8.4 found that it writes mostly its position part.
+# Together: from the second copy, this duplicate-token head finds the earlier occurrence of the
+# current token and writes *where* it was; the induction heads of layer 2 use that to look one
+# position further, and copy *what* they find there. (Which input of layer 2 reads the head's
+# position part is what removing it from one input at a time tells; chapter 08 does that.)
+#
+# *Copying weights are not a used head.* Heads 0 and 3 of layer 1 copy by their weights (0.67
+# and 0.59), yet silencing either costs little (exercise 8.3). The OV circuit says what a head
+# would do with a token if it attended to it; the ablation says whether the model needs what the
+# head actually writes. Neither replaces the other.
 # <!-- END ANSWER -->
 
 # %% [markdown]
