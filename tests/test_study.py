@@ -364,3 +364,47 @@ def test_findings_table_checks_an_exact_count_where_the_text_gives_one(study, mo
     monkeypatch.setitem(STATED, "2 heads: learned", (k + 1, n))
     with pytest.raises(AssertionError, match=f"the text says {k + 1} of {n}"):
         findings_table(study, ["2 heads: learned"])
+
+
+def test_new_counts_recomputed_by_hand_from_the_json():
+    """The per-group, inverted, absence and one-head counts, recounted from the raw JSON without
+    the findings module's helpers: each run's own baselines, the negation head as the head with
+    the larger share on "not", the other head as the other one."""
+    runs = json.loads(STUDY_FILE.read_text())["runs"]
+    two = [r for r in runs if not r["replica"] and r["num_heads"] == 2]
+    won = [r for r in two if min(r["heads"]["accuracy"]["negated"], r["heads"]["accuracy"]["plain"])
+           >= r["baselines"]["learned_at"]]
+
+    def acc(r, how, head, group):
+        return r["heads"]["ablation"][how][f"head {head}"][group]
+
+    def inverted_at(r):
+        return r["baselines"]["chance"] - (r["baselines"]["near_chance"] - r["baselines"]["chance"])
+
+    by_hand = {}
+    for how in ("zero", "mean", "resample"):
+        inverted_plain = other_broke = 0
+        for r in won:
+            neg = 0 if r["heads"]["cls_to_not"][0] >= r["heads"]["cls_to_not"][1] else 1
+            inverted_plain += any(acc(r, how, neg, g) < inverted_at(r) for g in ("plain+", "plain-"))
+            other_broke += any(acc(r, how, 1 - neg, g) < r["baselines"]["near_chance"] for g in ("negated+", "negated-"))
+        by_hand[f"{how}-ablating the negation head: a plain group inverted"] = (inverted_plain, len(won))
+        by_hand[f"{how}-ablating the other head: a negated group near chance or inverted"] = (other_broke, len(won))
+    one = [r for r in runs if not r["replica"] and r["num_heads"] == 1]
+    roles = ("<cls>", "not", "sentiment word", "other words")
+
+    def top(r, g):
+        shares = r["heads"]["cls_shares"][g]
+        best = max(roles, key=lambda role: shares[role][0])
+        return best if shares[best][0] >= r["baselines"]["role"] else None
+
+    collide = 0
+    for r in one:
+        pairs = [("plain+", "plain-"), ("plain+", "negated+"), ("plain-", "negated-"), ("negated+", "negated-")]
+        collide += any(top(r, a) is not None and top(r, a) == top(r, b)
+                       and (top(r, a) != "sentiment word" or a[-1] == b[-1]) for a, b in pairs)
+    by_hand["1 head: two groups with opposite labels get the same token"] = (collide, len(one))
+    counts = count_findings(load_study())
+    assert {name: counts[name] for name in by_hand} == by_hand
+    assert by_hand["mean-ablating the negation head: a plain group inverted"] == STATED[
+        "mean-ablating the negation head: a plain group inverted"]
