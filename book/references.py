@@ -51,6 +51,12 @@ PAPERS: list[dict[str, str]] = [
     {"key": "olsson2022", "authors": "C. Olsson et al.", "year": "2022",
      "title": "In-context Learning and Induction Heads", "venue": "Transformer Circuits Thread",
      "arxiv": "2209.11895"},
+    {"key": "wang2022", "authors": "K. Wang et al.", "year": "2022",
+     "title": "Interpretability in the Wild: a Circuit for Indirect Object Identification in GPT-2 small",
+     "venue": "ICLR 2023", "arxiv": "2211.00593"},
+    {"key": "singh2024", "authors": "A. K. Singh et al.", "year": "2024",
+     "title": "What needs to go right for an induction head? A mechanistic study of in-context learning circuits "
+              "and their formation", "venue": "ICML 2024", "arxiv": "2404.07129"},
     {"key": "dao2022", "authors": "T. Dao et al.", "year": "2022",
      "title": "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
      "venue": "NeurIPS 2022", "arxiv": "2205.14135"},
