@@ -385,10 +385,13 @@ plt.show()
 # even faster, once its `L × L` tensors no longer fit in the caches). The fused variants do
 # the same `L²` arithmetic (every query still meets every key) with far less memory traffic,
 # and the parts that grow more slowly, the projections (`∝ L`) and each call's fixed costs,
-# still take a share of their time: on a CPU their slope lies between about 1 and 2.5 (it
-# varies from machine to machine, and with what else the machine is doing), while the teaching
-# module's is about 2 or more. (On a GPU these sizes are so small that fixed costs dominate,
-# and every slope is flatter.) Let us measure the slopes, memory first:
+# still take a share of their time: on an idle CPU their slope has measured between about 1
+# and 2.5, while the teaching module's is about 2 or more. Load from other programs flattens
+# every slope, because a pause costs a short step a larger share of its time than a long one:
+# with the course's whole test suite running alongside, `nn.MultiheadAttention` has measured
+# a slope of 0.5. What held in every run is the order: the teaching module's slope is the
+# steepest. (On a GPU these sizes are so small that fixed costs dominate, and every slope is
+# flatter.) Let us measure the slopes, memory first:
 
 # %%
 def slope(values):
@@ -406,7 +409,7 @@ if series("teaching", "peak_bytes")[0] is not None:
 
 # %% [markdown]
 # Now time, fitted over the three longest lengths to the fastest repetitions. The asserts run
-# only on a CPU, where the ranges above were measured:
+# only on a CPU, where the slopes above were measured, and check what held under load too:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -414,9 +417,9 @@ if series("teaching", "peak_bytes")[0] is not None:
 time_slopes = {variant: slope(series(variant, "fastest")) for variant in ("teaching", "efficient", "nn.MHA")}
 for variant, value in time_slopes.items():
     print(f"slope of time against L, {variant:9s}: {value:.2f}")
-if device.type == "cpu":  # ranges that hold on a busy machine too (checked with the whole test suite running)
-    assert time_slopes["teaching"] > 1.6, time_slopes  # the L x L tensors: about L², or steeper
-    assert all(0.8 < time_slopes[v] < 2.6 for v in ("efficient", "nn.MHA")), time_slopes
+if device.type == "cpu":  # what held on a busy machine too (with the whole test suite running)
+    assert time_slopes["teaching"] > 1.5, time_slopes  # the L x L tensors: about L², or steeper
+    assert all(0 < time_slopes[v] < time_slopes["teaching"] for v in ("efficient", "nn.MHA")), time_slopes
 
 # %% [markdown]
 # ### When the fused function stores the weights after all
