@@ -14,7 +14,7 @@
 #   make test-notebooks  only the notebooks under nbval (chapters/, exercises/, solutions/)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
 #   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it
-#   make study           re-train the seed studies that chapters 07, 08 and 11 quote (~35 min)
+#   make study           re-train the seed studies that chapters 07, 08 and 12 quote (~35 min)
 #   make clean           delete .venv, build/, *.egg-info and .pytest_cache
 
 PYTHON ?= python3
@@ -135,7 +135,7 @@ notebooks: $(STAMP)
 	$(PY) tools/make_exercises.py
 	$(PY) tools/build_notebooks.py
 
-# Chapters 07, 08 and 11 quote what held over many independent runs (each its own
+# Chapters 07, 08 and 12 quote what held over many independent runs (each its own
 # initialisation and data), not one run: this trains them all (niced) and rewrites the
 # committed results files. On 2 cores the sentiment study takes ~13 min and the induction
 # study ~20 min. `.venv/bin/python -m mha_lib.sentiment study --help` and

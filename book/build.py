@@ -173,7 +173,7 @@ def link_exercises(cells: list[dict], chapter: Chapter) -> None:
         return
     for cell in cells:
         text = "".join(cell["source"]) if cell["cell_type"] == "markdown" else ""
-        # "## Exercises" (### after chapter 05's "# Part 2"; chapter 11's is "## Your turn")
+        # "## Exercises" (### after chapter 05's "# Part 2"; chapter 12's is "## Your turn")
         heading = re.search(r"^###? (Exercises|Your turn)[^\n]*\n", text, flags=re.MULTILINE)
         if heading:
             line = f"\nIn this book: {' and '.join(pages)}.\n"

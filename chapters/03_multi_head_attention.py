@@ -444,9 +444,9 @@ except AttributeError as error:
 #
 # Later chapters hook in between steps 2 and 3, each with an `if` that does nothing unless
 # asked: rotating queries and keys by their positions (chapter 06, `rotary=True`) and a cache of
-# past keys and values for decoding (chapter 10, `cache=`). Chapter 10 also lets groups of query
+# past keys and values for decoding (chapter 11, `cache=`). Chapter 11 also lets groups of query
 # heads share key and value heads (`num_kv_heads=`, the `H_kv` in the file's shape comments).
-# Chapter 09's fused module replaces
+# Chapter 10's fused module replaces
 # two methods only: `project`, with one matrix for steps 1 and 2, and `attend`, with a fused
 # kernel for step 3.
 #
@@ -522,7 +522,7 @@ assert count(book) == count(one_head) == 4 * 512**2 + 4 * 512
 # `4 · B · L · d_model²` either way. Scores and blending cost `B · H · L² · d_k` each, and
 # `H · d_k = d_model`, so the heads change nothing there either. What does grow is the
 # attention-weight tensor: `H` maps of `L × L` per sequence instead of one, so 8 softmaxes and
-# 8 times as many weights to store. That memory grows with `L²`; chapter 09 comes back to it.
+# 8 times as many weights to store. That memory grows with `L²`; chapter 10 comes back to it.
 
 # %%
 def multiply_adds(B: int, L: int, d_model: int, H: int) -> int:
@@ -642,7 +642,7 @@ assert math.isclose(errors[8], math.sqrt(unreachable)) and round(unreachable, 3)
 # grow with the number of heads.
 #
 # Models keep heads far shorter than the sequence anyway: heads of 64 (this configuration) or
-# 128 (chapter 10's 7B-class model), on sequences of thousands of tokens. What the split limits
+# 128 (chapter 11's 7B-class model), on sequences of thousands of tokens. What the split limits
 # is each head's pattern, not the layer's width: between them the heads use all 512 features of the projections, and `W_o`
 # mixes their outputs back into all 512 (section 7). For the same parameters and
 # multiply-adds, `H` heads give `H` score patterns of rank at most `d_model / H` instead of one

@@ -397,7 +397,7 @@ print("fully masked (sentence, head, query):", fully_masked(left_both))
 # Some code also masks the padding *queries* (a 2-D mask `real_q & real_k`), which blocks
 # every row of a padding query. *An empty sequence*, say an empty source document in
 # cross-attention, blocks every row of its sequence. *A per-head restriction*, the exercise of
-# chapter 11, gives each head its own mask: if head 1 may only look at the second half of the
+# chapter 12, gives each head its own mask: if head 1 may only look at the second half of the
 # sequence and the model is also causal, the first queries of head 1 have nothing left.
 
 # %%

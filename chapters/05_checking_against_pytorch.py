@@ -342,7 +342,7 @@ torch.testing.assert_close(weights, ref_weights)
 print("causal + padding: outputs and per-head weights agree")
 
 # %% [markdown]
-# **A different mask per head** (chapter 11 restricts head 0 to the first half of the
+# **A different mask per head** (chapter 12 restricts head 0 to the first half of the
 # sequence and head 1 to the second): ours is `(H, Lq, Lk)` and broadcasts over the batch.
 # PyTorch wants a 3-D `attn_mask` of shape `(B·H, Lq, Lk)`, **batch-major**: entry
 # `b·H + h` is the mask of sequence `b`, head `h`. `expand` then `reshape` builds exactly that;
@@ -429,7 +429,7 @@ print("sentence 1, weight on its padding:      ", f"{wrong_weights[1, :, :, 3:].
 #
 # It picks a **fused kernel** when the hardware and dtype have one (FlashAttention or
 # memory-efficient attention on recent NVIDIA GPUs, a flash-attention-style kernel on the
-# CPU) and falls back to the plain two-matmul "math" version otherwise. Chapter 09 goes
+# CPU) and falls back to the plain two-matmul "math" version otherwise. Chapter 10 goes
 # deeper. Since it
 # gives no weights, we compare outputs, over the cases the course uses: `(B, H, L, d_k)`
 # tensors, no mask, causal masks both ways, a padding mask in cross-attention, and per-head

@@ -374,7 +374,7 @@ print("q, k per head:", tuple(q_h.shape), " output:", tuple(from_module.shape))
 print("hand-written rotary forward == MultiHeadAttention(rotary=True) (within 1e-5)")
 
 # %% [markdown]
-# `EfficientMultiHeadAttention`, the fused module chapter 09 builds, takes the same
+# `EfficientMultiHeadAttention`, the fused module chapter 10 builds, takes the same
 # `rotary=True`, and `from_module` carries it over with the weights, so the fused module computes the same rotary function:
 
 # %%
@@ -424,7 +424,7 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 # %% [markdown]
 # `apply_rotary` takes the positions as an argument for one reason: a model that generates text
 # one token at a time has seen `T` tokens already, and the new one sits at position `T`, not 0.
-# With a cache of `T` tokens (chapter 10), the module rotates the new ones by `arange(T, T + n)`
+# With a cache of `T` tokens (chapter 11), the module rotates the new ones by `arange(T, T + n)`
 # itself.
 
 # %% [markdown]

@@ -291,7 +291,7 @@ for row in tokens:
 # differs between sentences only through what its attention brings back. In this one-layer
 # model, only **the `<cls>` row of each attention map reaches the prediction**: that is the row
 # to watch.
-# (The model also accepts an extra mask, e.g. one per head; chapter 11 uses it.)
+# (The model also accepts an extra mask, e.g. one per head; chapter 12 uses it.)
 
 # %%
 seed_everything(0)  # seed, then build: the starting weights come from the seed (the seed study does the same)
@@ -1023,5 +1023,5 @@ print(findings_table(study))
 # ## What comes next
 #
 # Here each head worked alone. In **chapter 08** heads of two layers compose: a second-layer
-# *induction head* needs what a first-layer head wrote. Chapter 09 makes attention fast; the
+# *induction head* needs what a first-layer head wrote. Chapter 10 makes attention fast; the
 # last chapter restricts this chapter's heads to half of the sentence each.

@@ -863,5 +863,5 @@ assert one_other[0] > base["no_copy_loss"] > one_final[1]  # in-context tokens l
 # ## What comes next
 #
 # Every attention map in chapters 07 and 08 was an `L × L` matrix. For long sequences that matrix
-# is the bottleneck: **chapter 09** builds `mha_lib.EfficientMultiHeadAttention` with fused
+# is the bottleneck: **chapter 10** builds `mha_lib.EfficientMultiHeadAttention` with fused
 # projections and PyTorch's fast attention kernels, and explains flash attention.

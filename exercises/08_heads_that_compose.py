@@ -359,4 +359,4 @@ check_copying_score(copying_score)
 # %% [markdown]
 # ## Done?
 #
-# Compare with `solutions/08_heads_that_compose.ipynb`, then go on to chapter 09.
+# Compare with `solutions/08_heads_that_compose.ipynb`, then go on to chapter 10.

@@ -10,9 +10,9 @@ Each chapter derives a piece and the next chapters import it from here:
   :func:`relative_position_buckets` (chapter 06, positions inside attention)
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 07)
 - :mod:`mha_lib.induction`: induction heads in an attention-only transformer (chapter 08)
-- :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 09)
-- :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 10, attention at inference)
-- :class:`MultiHeadLatentAttention`, :class:`LatentCache`, :func:`latent_cache_bytes` (chapter 10, latent attention)
+- :class:`EfficientMultiHeadAttention` and ``python -m mha_lib.bench`` (chapter 10)
+- :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 11, attention at inference)
+- :class:`MultiHeadLatentAttention`, :class:`LatentCache`, :func:`latent_cache_bytes` (chapter 11, latent attention)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 

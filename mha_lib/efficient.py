@@ -1,4 +1,4 @@
-"""Multi-head attention the way production code writes it (chapter 09).
+"""Multi-head attention the way production code writes it (chapter 10).
 
 :class:`EfficientMultiHeadAttention` is :class:`~mha_lib.MultiHeadAttention` (same arguments,
 forward, checks, RoPE and cache) with two of its methods replaced:

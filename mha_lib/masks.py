@@ -72,7 +72,7 @@ def sliding_window_mask(seq_len: int, window: int, device: torch.device | str | 
 
     ``mask[i, j]`` is True exactly where ``0 <= i - j < window`` (Mistral's sliding window,
     Longformer's local attention made causal). ``window`` counts the keys a query sees, itself
-    included, the convention of chapters 10 and 11 (the Mistral paper writes the span as
+    included, the convention of chapters 11 and 12 (the Mistral paper writes the span as
     ``i - W … i``, one key more). With ``window >= seq_len`` it equals :func:`causal_mask`; with
     ``window = 1`` every token sees only itself.
 

@@ -7,8 +7,8 @@ values have the same size here, ``d_k = d_model // num_heads``.
 
 ``forward`` is chapter 03's five steps (``project`` runs steps 1 and 2, calling ``split`` for step 2),
 with the two places where later chapters hook in: positions inside each head (RoPE, chapter
-06) between splitting and attending, and a key/value cache (chapter 10) just before attending.
-:class:`~mha_lib.EfficientMultiHeadAttention` (chapter 09) overrides two methods only:
+06) between splitting and attending, and a key/value cache (chapter 11) just before attending.
+:class:`~mha_lib.EfficientMultiHeadAttention` (chapter 10) overrides two methods only:
 ``project`` (one fused matrix, whose output is cut into every head at once) and ``attend``
 (a fused kernel).
 """
@@ -109,7 +109,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(query, key, value)  # 1) project, 2) split: (B, H, Lq, d_k), (B, H_kv, Lk, d_k) x 2
         if self.rotary:  # positions inside each head (chapter 06)
             q, k = self.rotate(q, k, start=past)
-        if cache is not None:  # decoding (chapter 10): the cached keys and values, and the new ones
+        if cache is not None:  # decoding (chapter 11): the cached keys and values, and the new ones
             k, v, mask = cache.extend(k, v, mask)  # (B, H_kv, T + n, d_k) x 2
         heads, weights = self.attend(q, k, v, mask, return_weights)  # 3) (B, H, Lq, d_k)
         output = self.W_o(combine_heads(heads))  # 4) combine, 5) project: (B, Lq, d_model)

@@ -635,10 +635,10 @@ print(f"layer 2 copies ({copying[1].min():.2f} or more); layer 1's head {key_hea
 # <!-- EXERCISE ONLY
 # ## Done?
 #
-# Compare with `solutions/08_heads_that_compose.ipynb`, then go on to chapter 09.
+# Compare with `solutions/08_heads_that_compose.ipynb`, then go on to chapter 10.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## Next
 #
-# Go on to chapter 09.
+# Go on to chapter 10.
 # <!-- END SOLUTION -->

@@ -301,7 +301,7 @@ class MHAWithLibrary(nn.Module):
 
 
 def halves_right(L):
-    """Chapter 11's (2, L, L) mask, right: head 0 sees the first half of the keys, head 1 the rest."""
+    """Chapter 12's (2, L, L) mask, right: head 0 sees the first half of the keys, head 1 the rest."""
     mask = torch.zeros(2, L, L, dtype=torch.bool)
     mask[0, :, : L // 2] = True
     mask[1, :, L // 2 :] = True

@@ -1,5 +1,5 @@
 """What both attention modules promise, each test run on both: the teaching MultiHeadAttention
-(chapter 03) and EfficientMultiHeadAttention (chapter 09).
+(chapter 03) and EfficientMultiHeadAttention (chapter 10).
 
 nn.MultiheadAttention's output and per-head weights when holding the same weights, its mask
 conventions, causality, dropout in training only, zero output for a query that may attend to
@@ -114,7 +114,7 @@ def test_causal_and_padding_masks_combined(cls, dtype, device):
 
 # ------------------------------------------------------------------ masks
 def test_per_head_mask_broadcasts(cls, device):
-    """A (H, Lq, Lk) mask restricts each head separately (chapter 11's exercise)."""
+    """A (H, Lq, Lk) mask restricts each head separately (chapter 12's exercise)."""
     B, L, D, H = 2, 6, 8, 2
     mha = build(cls, D, H).to(device)
     x = torch.randn(B, L, D, device=device)

@@ -494,7 +494,7 @@ def test_tooling_markers_are_stripped_and_exercises_linked(book: Path) -> None:
         assert not [m for m in markers if m in text], page.name
     for page in sorted(book.glob("chapters/[0-9][0-9]_*.html")):
         source = page.read_text(encoding="utf-8")
-        start = max(source.find('id="exercises"'), source.find('id="your-turn"'))  # chapter 11: "Your turn"
+        start = max(source.find('id="exercises"'), source.find('id="your-turn"'))  # chapter 12: "Your turn"
         section = source[start:source.find("</section>", start)]  # the Exercises section only
         assert f'href="../exercises/{page.stem}.html"' in section, page.name
         assert f'href="../solutions/{page.stem}.html"' in section, page.name

@@ -561,7 +561,7 @@ def test_rotary_attention_written_otherwise_passes():
     expect_pass(checks.check_rotary_attention(lambda q, k, v, mask=None: _rotary(q, k, v, mask)))
 
 
-# 9.2: block by block, with a running maximum per query
+# 10.2: block by block, with a running maximum per query
 
 
 def _blockwise(q, k, v, b, *, max_mode="running", keep_m=True, skip_last=False):
@@ -625,7 +625,7 @@ def test_blockwise_attention_written_otherwise_passes():
     expect_pass(checks.check_blockwise_attention(_blockwise))
 
 
-# 10.1 and 10.2
+# 11.1 and 11.2
 
 
 def test_sliding_window_without_the_lower_bound_is_named():
@@ -651,7 +651,7 @@ def test_repeat_kv_keeps_the_dtype_and_says_which_heads_came_from_where():
     expect_pass(checks.check_repeat_kv(lambda x, n: x[:, torch.arange(x.size(1) * n) // n]))
 
 
-# 10.3: state kept between calls, precision, and the cache's own mistakes
+# 11.3: state kept between calls, precision, and the cache's own mistakes
 
 
 def _cached(q, k, v, kc, vc, *, start=None, q_start=None, rerotate=False, diagonal=None, twice=False, only_new=False,
@@ -733,7 +733,7 @@ def test_cached_attention_written_otherwise_passes():
     expect_pass(checks.check_cached_attention(_cached))
 
 
-# 11.1 and 11.2: an inverted mask is the swapped one
+# 12.1 and 12.2: an inverted mask is the swapped one
 
 
 def test_an_inverted_halves_mask_is_named_as_well_as_swapped_heads():

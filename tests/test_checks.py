@@ -507,7 +507,7 @@ def test_every_check_survives_garbage(check):
         assert result.status in ("failed", "error") and "bug in mha_lib.checks" not in str(result), result
 
 
-# ------------------------------------------------------------------ chapter 11
+# ------------------------------------------------------------------ chapter 12
 
 
 def halves_arange(L):
@@ -553,7 +553,7 @@ def test_restricted_attention_check():
         lambda mha, x: attend(mha, x, halves_right(x.size(1))[:, None])), "per sequence instead of per head")
 
 
-# ------------------------------------------------------------------ chapters 07 and 09
+# ------------------------------------------------------------------ chapters 07 and 10
 
 
 class Encoder(nn.Module):

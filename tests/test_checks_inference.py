@@ -1,4 +1,4 @@
-"""The checks of chapters 06 and 10: rotary positions, ALiBi's bias, sliding windows, shared key/value
+"""The checks of chapters 06 and 11: rotary positions, ALiBi's bias, sliding windows, shared key/value
 heads and decoding with a cache. Each passes two differently written right answers, fails each
 mistake it names with that mistake's hint, reads a stub as "not implemented yet", and never crashes."""
 
@@ -354,7 +354,7 @@ def test_alibi_bias_crashes_are_reported():
     expect_fail(checks.check_alibi_bias(crashes_for_non_powers_of_two), "num_heads=6", "valueerror", status="error")
 
 
-# ------------------------------------------------------------------ sliding_window_mask (chapter 10)
+# ------------------------------------------------------------------ sliding_window_mask (chapter 11)
 
 
 def window_compare(L, w):
@@ -395,7 +395,7 @@ def test_sliding_window_mask_names_the_mistake(wrong, words):
     expect_fail(checks.check_sliding_window_mask(wrong), *words)
 
 
-# ------------------------------------------------------------------ repeat_kv (chapter 10)
+# ------------------------------------------------------------------ repeat_kv (chapter 11)
 
 
 def repeat_interleave(x, n_rep):
@@ -423,7 +423,7 @@ def test_repeat_kv_names_the_mistake(wrong, words):
     expect_fail(checks.check_repeat_kv(wrong), *words)
 
 
-# ------------------------------------------------------------------ decoding with a cache (chapter 10)
+# ------------------------------------------------------------------ decoding with a cache (chapter 11)
 
 
 def cached(q, k, v, k_cache, v_cache, *, mistake=None):

@@ -1,4 +1,4 @@
-"""The check of exercise 10.4 (multi-head latent attention's absorbed up-projections): it passes the
+"""The check of exercise 11.4 (multi-head latent attention's absorbed up-projections): it passes the
 library's answer, the solution's and other right ones, fails each wrong answer of the gallery with a
 message and hint that name the mistake, reads a stub as "not implemented yet", and never crashes."""
 
@@ -86,11 +86,11 @@ def absorb_transposed_twice(mla):
 
 
 def the_solution():
-    """``absorb_up_projections`` as solutions/10_attention_at_inference.py writes it."""
-    tree = ast.parse((ROOT / "solutions" / "10_attention_at_inference.py").read_text())
+    """``absorb_up_projections`` as solutions/11_attention_at_inference.py writes it."""
+    tree = ast.parse((ROOT / "solutions" / "11_attention_at_inference.py").read_text())
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "absorb_up_projections")
     namespace = {"torch": torch}
-    exec(compile(ast.Module([node], type_ignores=[]), "solutions/10_attention_at_inference.py", "exec"), namespace)
+    exec(compile(ast.Module([node], type_ignores=[]), "solutions/11_attention_at_inference.py", "exec"), namespace)
     return namespace["absorb_up_projections"]
 
 

@@ -1,4 +1,4 @@
-"""What only EfficientMultiHeadAttention (chapter 09) promises: the teaching MultiHeadAttention's
+"""What only EfficientMultiHeadAttention (chapter 10) promises: the teaching MultiHeadAttention's
 function, outputs, weights and gradients, with one fused projection W_qkv (whose gradient is the
 three stacked) and a fused kernel that never stores the (Lq, Lk) weights; from_module.
 
@@ -198,7 +198,7 @@ def test_never_materialises_the_weights_on_cpu(mask_kind):
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
 def test_pytorch_cpu_kernel_itself_gives_zeros_for_fully_masked_rows(mask_dtype):
-    """Chapter 09 says so: on the CPU, torch 2.13's F.scaled_dot_product_attention itself returns
+    """Chapter 10 says so: on the CPU, torch 2.13's F.scaled_dot_product_attention itself returns
     zeros, not NaN, for a query that sees no key. (The module's guard does not rely on it.)"""
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
     allowed = torch.ones(3, 5, dtype=torch.bool)

@@ -86,7 +86,7 @@ def test_padding_does_not_reach_the_real_tokens(device):
 
 
 def test_per_head_mask(device):
-    """A (H, L, L) mask restricts each head on its own (chapter 11)."""
+    """A (H, L, L) mask restricts each head on its own (chapter 12)."""
     B, L, D, H = 2, 6, 8, 2
     layer = EncoderLayer(D, H, 16).to(device)
     x = torch.randn(B, L, D, device=device)

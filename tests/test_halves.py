@@ -1,4 +1,4 @@
-"""Chapter 11's comparison of "not" and the sentiment word in the same or in different halves,
+"""Chapter 12's comparison of "not" and the sentiment word in the same or in different halves,
 made inside strata (template and length) so that the templates cannot stand in for the halves."""
 
 from __future__ import annotations

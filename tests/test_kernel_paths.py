@@ -2,7 +2,7 @@
 
 A training run's numbers differ in the last digits between CPUs (PyTorch picks AVX-512, AVX2
 or plain C++ kernels for the machine), and a short training run amplifies that. The notebooks
-that train (chapters 07 and 08, the solutions and exercises of chapters 08 and 11) never let
+that train (chapters 07 and 08, the solutions and exercises of chapters 08 and 12) never let
 nbval compare such numbers verbatim. This test proves it: it runs them under strict nbval with
 ``ATEN_CPU_CAPABILITY=default``, the plain C++ kernels, which every CPU has. (Not on chapter 05: on CPUs with AMX, forcing another path
 breaks bfloat16 matrix products, which that chapter uses.)
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # found by content so that a new training notebook is covered by itself. The others print only rounded results of
 # short, untrained computations, which no kernel path sends down another road (all of them passed
 # under ATEN_CPU_CAPABILITY=default when this test was narrowed to the training notebooks).
-# Today: chapters 07 and 08, and the solutions and exercises of chapters 08 and 11.
+# Today: chapters 07 and 08, and the solutions and exercises of chapters 08 and 12.
 NOTEBOOKS = sorted(str(py.with_suffix(".ipynb").relative_to(ROOT))
                    for folder in ("chapters", "solutions", "exercises")
                    for py in (ROOT / folder).glob("[0-9][0-9]_*.py")
@@ -29,7 +29,7 @@ NOTEBOOKS = sorted(str(py.with_suffix(".ipynb").relative_to(ROOT))
 
 def test_training_notebooks_pass_strict_nbval_on_the_default_kernels():
     assert {"chapters/07_heads_at_work.ipynb", "chapters/08_heads_that_compose.ipynb",
-            "solutions/11_restricting_heads.ipynb"} <= set(NOTEBOOKS)
+            "solutions/12_restricting_heads.ipynb"} <= set(NOTEBOOKS)
     assert all((ROOT / nb).exists() for nb in NOTEBOOKS)
     env = dict(os.environ, ATEN_CPU_CAPABILITY="default", MHA_DEVICE="cpu")
     result = subprocess.run(

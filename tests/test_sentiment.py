@@ -152,7 +152,7 @@ def test_padding_does_not_change_the_prediction(vocab, device):
 
 
 def test_extra_mask_is_combined_with_padding(vocab, device):
-    """Chapter 11's per-head mask: (H, L, L), True = may attend."""
+    """Chapter 12's per-head mask: (H, L, L), True = may attend."""
     model = small_model(vocab).to(device)
     tokens = batch_examples(["the movie was not bad", "a good film"], vocab).to(device)  # L = 6
     mask = torch.zeros(2, 6, 6, dtype=torch.bool, device=device)
@@ -165,7 +165,7 @@ def test_extra_mask_is_combined_with_padding(vocab, device):
 
 
 def test_mask_may_be_a_function_of_the_batch(vocab, data):
-    """predict, evaluate and train_model accept mask=fn(tokens) (chapter 11's per-sentence halves)."""
+    """predict, evaluate and train_model accept mask=fn(tokens) (chapter 12's per-sentence halves)."""
     model = small_model(vocab)
     calls = []
 

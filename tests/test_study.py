@@ -1,4 +1,4 @@
-"""The seed study behind chapters 07 and 11: the committed file, its command, its baselines and
+"""The seed study behind chapters 07 and 12: the committed file, its command, its baselines and
 thresholds, and the findings the chapters state, checked on the committed runs and on seeds
 trained here and now."""
 
@@ -55,7 +55,7 @@ def study() -> Study:
 
 def check_run(run: dict, halves: bool = True) -> None:
     """The fields the chapters read, with values in range (``halves``: the run was asked for
-    chapter 11's part too)."""
+    chapter 12's part too)."""
     H = run["num_heads"]
     assert {"seed", "data_seed", "num_heads", "replica", "path", "torch", "threads", "baselines", "untrained"} <= set(run)
     heads = run["heads"]
@@ -222,7 +222,7 @@ def test_command_trains_fresh_seeds_that_show_the_findings(tmp_path):
 
 
 def test_halves_part_measures_three_models(monkeypatch):
-    """The chapter 11 part, on a tiny training run (one epoch on 200 sentences), on the caller's
+    """The chapter 12 part, on a tiny training run (one epoch on 200 sentences), on the caller's
     threads: only the study's own worker processes set them."""
     monkeypatch.setitem(CONFIG["training"], "epochs", 1)
     threads = torch.get_num_threads()

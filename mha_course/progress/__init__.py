@@ -19,7 +19,7 @@ allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file
 check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
 (:func:`mha_lib.checks._result.log_result`). The last run of each check is its verdict (a failed
 attempt above a fixed one no longer counts), and an exercise whose code calls the stub of an
-earlier one says so: "⏳ waits for exercise 11.1: halves_mask is not implemented yet". A notebook
+earlier one says so: "⏳ waits for exercise 12.1: halves_mask is not implemented yet". A notebook
 that raises, runs past the limit, or can't be read (half-edited JSON) gives a line in the table,
 never a traceback.
 

@@ -183,7 +183,7 @@ def defined_functions(cells: list, owners: list[Exercise | None]) -> dict[str, s
 
 
 def _waiting(exercise: Exercise, records: list[dict], definitions: dict[str, str]) -> str:
-    """"waits for exercise 11.1: halves_mask is not implemented yet" when a check's code calls the stub
+    """"waits for exercise 12.1: halves_mask is not implemented yet" when a check's code calls the stub
     of another exercise; "not implemented yet" when the exercise's own code is the stub."""
     for record in records:
         match = _WAITS_FOR.search(str(record.get("message", "")))

@@ -5,7 +5,7 @@
     python -m mha_lib.bench --batch 32 --lengths 100 --repeats 15   # the book's configuration
     python -m mha_lib.bench --mask per-head       # with a per-head (H, L, L) mask
     python -m mha_lib.bench --plot bench.png      # also draw time and memory against length
-    python -m mha_lib.bench decode                # chapter 10: decoding with a KV cache (decode --help)
+    python -m mha_lib.bench decode                # chapter 11: decoding with a KV cache (decode --help)
 
 The variants, all self-attention with the same weights (:mod:`mha_lib.bench.steps`):
 
@@ -39,7 +39,7 @@ Variants whose ``(B, H, L, L)`` weights would not fit in the free memory (estima
 skipped at that length and marked "skip". The command line is :mod:`mha_lib.bench.cli`, the
 table :mod:`mha_lib.bench.run`, the plot :mod:`mha_lib.bench.plots`.
 
-**Decoding** (:mod:`mha_lib.bench.decode`, chapter 10; ``python -m mha_lib.bench decode``): one
+**Decoding** (:mod:`mha_lib.bench.decode`, chapter 11; ``python -m mha_lib.bench decode``): one
 layer decodes token by token with a :class:`~mha_lib.KVCache` against recomputing the prefix at
 every step, and the cache's bytes with fewer key/value heads (GQA).
 """

@@ -1,6 +1,6 @@
 """``python -m mha_lib.bench``: see :mod:`mha_lib.bench.cli`.
 
-``python -m mha_lib.bench decode ...`` runs the decoding benchmark of chapter 10 instead
+``python -m mha_lib.bench decode ...`` runs the decoding benchmark of chapter 11 instead
 (:mod:`mha_lib.bench.decode`: a KV cache against recomputing the prefix; ``decode --help``).
 """
 

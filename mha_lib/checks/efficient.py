@@ -1,4 +1,4 @@
-"""Checks for chapter 09: the fused ``W_qkv`` projection, and attention computed block by block
+"""Checks for chapter 10: the fused ``W_qkv`` projection, and attention computed block by block
 with an online softmax (the idea behind flash attention).
 
 The blockwise check also watches the shapes the learner's code computes (``_ShapeRecorder``):

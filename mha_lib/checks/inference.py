@@ -1,4 +1,4 @@
-"""Checks for chapter 10: the sliding-window mask and shared key/value heads (``repeat_kv``),
+"""Checks for chapter 11: the sliding-window mask and shared key/value heads (``repeat_kv``),
 the two ways attention at inference reads less. Decoding with a cache: :mod:`.kv_cache`."""
 
 from __future__ import annotations

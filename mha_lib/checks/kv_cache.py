@@ -1,4 +1,4 @@
-"""Check for chapter 10: attention with a key/value cache, decoding chunk by chunk with RoPE.
+"""Check for chapter 11: attention with a key/value cache, decoding chunk by chunk with RoPE.
 
 Decoding must equal causal rotary attention over the whole sequence (:mod:`.reference`'s
 attention on keys rotated by :func:`.positions.rotate`), and the learner's function must keep

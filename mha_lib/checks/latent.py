@@ -1,4 +1,4 @@
-"""Check for chapter 10: multi-head latent attention's absorption, ``W_uk`` folded into the queries
+"""Check for chapter 11: multi-head latent attention's absorption, ``W_uk`` folded into the queries
 and ``W_uv`` into ``W_o`` (what :meth:`mha_lib.MultiHeadLatentAttention.absorbed_weights` returns).
 
 The learner's function gets a fresh ``MultiHeadLatentAttention`` with known float64 weights and

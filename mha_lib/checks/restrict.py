@@ -1,4 +1,4 @@
-"""Checks for chapter 11: restrict head 0 to the first half of the sequence, head 1 to the second."""
+"""Checks for chapter 12: restrict head 0 to the first half of the sequence, head 1 to the second."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A tiny sentiment task with negations, generated in code, and a small model that learns it.
 
-Chapter 07 trains the model and looks at what its heads do; chapter 11 restricts them.
+Chapter 07 trains the model and looks at what its heads do; chapter 12 restricts them.
 The package is split by job:
 
 - :mod:`~mha_lib.sentiment.data`: the task. :func:`make_datasets` draws sentences such as
@@ -11,7 +11,7 @@ The package is split by job:
   :func:`evaluate`, :func:`predict`.
 - :mod:`~mha_lib.sentiment.probes`: :func:`attention_shares` (where a token's attention
   goes, head by head), :func:`feed_forward_off`, and the groups of sentences the chapters
-  measure on (chapter 11's halves live there too: the exercise asks you to write them). :func:`silence_heads` lives in :mod:`mha_lib.heads` and is re-exported here.
+  measure on (chapter 12's halves live there too: the exercise asks you to write them). :func:`silence_heads` lives in :mod:`mha_lib.heads` and is re-exported here.
 - :mod:`~mha_lib.sentiment.attribution`: what each head contributes, measured three ways:
   :func:`ablated_accuracy` (zero-, mean- and resample-ablation) and :func:`logit_attribution`
   (direct logit attribution, the final LayerNorm's scale frozen).

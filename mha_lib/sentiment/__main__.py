@@ -1,4 +1,4 @@
-"""``python -m mha_lib.sentiment study``: train chapter 07's and chapter 11's models from many
+"""``python -m mha_lib.sentiment study``: train chapter 07's and chapter 12's models from many
 independent seeds and write what the chapters measure to a JSON file.
 
     python -m mha_lib.sentiment study                          # every configuration and replica
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .study import HEADS
 
     parser = argparse.ArgumentParser(prog="python -m mha_lib.sentiment",
-                                     description="The seed study behind chapters 07 and 11.")
+                                     description="The seed study behind chapters 07 and 12.")
     commands = parser.add_subparsers(dest="command", required=True)
     study = commands.add_parser("study", help="train and measure many independent runs",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--no-replicas", action="store_true",
                        help="skip the two-head replicas on the plain C++ kernel path")
     study.add_argument("--parts", type=parse_list(PARTS), default=list(PARTS),
-                       help="heads (chapter 07), halves (chapter 11, two heads only); default: both")
+                       help="heads (chapter 07), halves (chapter 12, two heads only); default: both")
     study.add_argument("--workers", type=int, default=2, help="processes training side by side (default: 2)")
     study.add_argument("--output", type=Path, default=Path("sentiment_study.json"),
                        help="the JSON file to write (default: sentiment_study.json here)")

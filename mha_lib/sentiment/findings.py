@@ -1,4 +1,4 @@
-"""What chapters 07 and 11 state about the seed study, as code (:data:`FINDINGS`), and how much
+"""What chapters 07 and 12 state about the seed study, as code (:data:`FINDINGS`), and how much
 of their wording each count supports (:data:`STATED`).
 
 Each finding names the runs it speaks to and a test on one run; every threshold comes from

@@ -219,7 +219,7 @@ def train_model(
 
     Batches are shuffled by a CPU generator seeded with ``seed``, so the order is the
     same on every device. ``mask`` goes to every forward call, training and held-out: a
-    tensor, or a function ``tokens (b, L) -> mask`` called on each batch (chapter 11
+    tensor, or a function ``tokens (b, L) -> mask`` called on each batch (chapter 12
     trains with restricted heads). The weights' starting values are the caller's: seed
     before building the model (``seed_everything``). ``on_epoch(epoch, model)``, if given, is
     called after each epoch (the seed study records the heads' attention there). Leaves the

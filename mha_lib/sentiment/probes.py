@@ -7,10 +7,10 @@ of sentences the chapters measure them on.
   :func:`feed_forward_off` switches the feed-forward sublayers off.
 - :func:`four_groups`: plain or negated, with a positive or a negative sentiment word
   (chapter 07); :func:`halves_groups` and :func:`halves_for_batch`: "not" and the
-  sentiment word in the same or in different halves of the sentence (chapter 11).
+  sentiment word in the same or in different halves of the sentence (chapter 12).
 - :func:`template_of`, :func:`halves_strata` and :func:`stratified_halves`: the same
   comparison without the templates' confound, made inside groups of sentences with the same
-  template and length (chapter 11's model answer).
+  template and length (chapter 12's model answer).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def halves_group(example: Example) -> str:
 
 
 def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
-    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 11)."""
+    """Indices of ``examples`` in each of :data:`HALVES_GROUPS` (chapter 12)."""
     groups: dict[str, list[int]] = {name: [] for name in HALVES_GROUPS}
     for i, e in enumerate(examples):
         groups[halves_group(e)].append(i)
@@ -167,7 +167,7 @@ def halves_groups(examples: Sequence[Example]) -> dict[str, list[int]]:
 
 
 def halves_for_batch(tokens: Tensor, pad_id: int = Vocab.pad_id) -> Tensor:
-    """Chapter 11's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
+    """Chapter 12's restriction for a padded batch ``(B, L)``: a bool mask ``(B, 2, L, L)``.
 
     With ``n`` real tokens in a row (``<cls>`` included), head 0 may attend to the
     positions ``[0, n // 2)`` and head 1 to ``[n // 2, L)``, for every query; the
@@ -199,7 +199,7 @@ def template_of(example: Example) -> str:
 
 
 def halves_strata(examples: Sequence[Example]) -> dict[tuple[str, int], dict[str, list[int]]]:
-    """Indices of the **negated** ``examples`` by stratum, then by halves group (chapter 11).
+    """Indices of the **negated** ``examples`` by stratum, then by halves group (chapter 12).
 
     A stratum is ``(template_of(example), number of words)``. Where "not" and the sentiment word
     fall follows from the template and the optional parts, so :func:`halves_groups` mixes the
@@ -217,7 +217,7 @@ def halves_strata(examples: Sequence[Example]) -> dict[tuple[str, int], dict[str
 
 
 def stratified_halves(runs: Sequence[tuple[Sequence[bool] | Tensor, Sequence[Example]]]) -> dict[str, float]:
-    """Same half against different halves, compared only inside strata (chapter 11).
+    """Same half against different halves, compared only inside strata (chapter 12).
 
     Args:
         runs: one ``(correct, examples)`` pair per run: ``correct`` ``(N,)`` bools (a list, a

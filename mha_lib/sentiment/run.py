@@ -1,4 +1,4 @@
-"""One run of chapter 07's and chapter 11's seed study: a model built and trained from one
+"""One run of chapter 07's and chapter 12's seed study: a model built and trained from one
 seed, then measured the same way as in the chapters (:func:`run_seed`).
 
 **A run is independent.** Run ``seed`` builds its model after ``seed_everything(seed)``, draws
@@ -23,7 +23,7 @@ Each run holds ``seed``, ``data_seed``, ``num_heads``, ``replica``, the kernel p
   mean, resample) and with the feed-forward sublayer off; each term's direct logit attribution
   per group; and, after every epoch, the held-out accuracy and each head's share of
   ``<cls>``'s attention on "not" and on the sentiment word (``"history"``);
-- ``"halves"`` (chapter 11, two heads only, :func:`measure_halves`): accuracy on plain
+- ``"halves"`` (chapter 12, two heads only, :func:`measure_halves`): accuracy on plain
   sentences and on negated ones with "not" and the sentiment word in the same or in different
   halves, for the model trained freely (tested free and tested restricted) and for one trained
   restricted; and ``"halves_correct"``: for each of the three, one character per held-out

@@ -1,4 +1,4 @@
-"""The seed study: chapter 07's and chapter 11's models trained from many independent seeds.
+"""The seed study: chapter 07's and chapter 12's models trained from many independent seeds.
 
 One trained model is one sample: another seed gives another model. The chapters therefore
 quote what held over the runs of this study, read from the committed file ``study.json``
@@ -151,7 +151,7 @@ class Study:
 def save_study(runs: list[Run], path: str | Path = STUDY_FILE, command: str = "") -> Path:
     """Write the runs as JSON, one run per line (small diffs when a study is re-run)."""
     path = Path(path)
-    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 07 and 11)", "command": command,
+    header = {"about": {"what": "mha_lib.sentiment seed study (chapters 07 and 12)", "command": command,
                         "parts": list(PARTS), "heads": list(HEADS), "replica_kernel": REPLICA_KERNEL},
               "config": CONFIG}
     lines = [json.dumps(run, separators=(",", ":"), sort_keys=False) for run in runs]

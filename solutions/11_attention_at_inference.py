@@ -14,14 +14,14 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 10 · Attention at inference
+# # Solutions · Chapter 11 · Attention at inference
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/10_attention_at_inference.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/11_attention_at_inference.ipynb`:
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Four exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
+# Four exercises, one per idea of chapter 11: the sliding-window mask, the key/value heads that
 # groups of query heads share, one decoding step with a key/value cache and rotary positions, and
 # the fold that lets multi-head latent attention decode from its latents alone.
 #
@@ -29,7 +29,7 @@
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=10`, or `.venv/bin/python -m mha_course start 10`; see the README), so that
+# (`make exercise N=11`, or `.venv/bin/python -m mha_course start 11`; see the README), so that
 # updates to the course never overwrite your work.
 # -->
 
@@ -43,7 +43,7 @@ from mha_lib.checks import (check_absorb_up_projections, check_cached_attention,
                             check_sliding_window_mask)
 
 # %% [markdown]
-# ## Exercise 10.1 · The sliding-window mask
+# ## Exercise 11.1 · The sliding-window mask
 #
 # Write `sliding_window_mask(seq_len, window)`: a bool tensor `(L, L)`, rows = queries,
 # columns = keys, True (may attend) exactly where `0 <= i - j < window`. Each query sees itself
@@ -75,7 +75,7 @@ check_sliding_window_mask(sliding_window_mask)
 # <!-- END SOLUTION -->
 
 # %% [markdown]
-# ## Exercise 10.2 · Share key/value heads
+# ## Exercise 11.2 · Share key/value heads
 #
 # Write `repeat_kv(x, n_rep)`: from `x (B, H_kv, L, d_k)`, the key (or value) heads of a
 # grouped-query layer, build `(B, H_kv · n_rep, L, d_k)` in which head `h` is head `h // n_rep`
@@ -107,7 +107,7 @@ check_repeat_kv(repeat_kv)
 # <!-- END SOLUTION -->
 
 # %% [markdown]
-# ## Exercise 10.3 · One decoding step with a cache
+# ## Exercise 11.3 · One decoding step with a cache
 #
 # Write `attend_with_cache(query, key, value, k_cache, v_cache)` for one attention layer with
 # rotary positions (chapter 06):
@@ -181,9 +181,9 @@ print("chunks of 4, 1, 1, 1 == the full causal forward:", torch.allclose(torch.c
 # <!-- END SOLUTION -->
 
 # %% [markdown]
-# ## Exercise 10.4 · Absorb the up-projections
+# ## Exercise 11.4 · Absorb the up-projections
 #
-# Multi-head latent attention (chapter 10, section 7) caches one latent `c = W_dkv x` per token;
+# Multi-head latent attention (chapter 11, section 7) caches one latent `c = W_dkv x` per token;
 # head `h` rebuilds its key `W_uk[h] c` and its value `W_uv[h] c` from it. Write
 # `absorb_up_projections(mla)`: given a `MultiHeadLatentAttention` with `H = mla.num_heads` heads
 # of `d_k = mla.d_k` features and a latent of `d_latent = mla.d_latent`, return `(W_uk, W_ov)`,
@@ -274,10 +274,10 @@ with torch.no_grad():
 # <!-- EXERCISE ONLY
 # ## Done?
 #
-# Compare with `solutions/10_attention_at_inference.ipynb`, then go on to chapter 11.
+# Compare with `solutions/11_attention_at_inference.ipynb`, then go on to chapter 12.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## Next
 #
-# Go on to chapter 11.
+# Go on to chapter 12.
 # <!-- END SOLUTION -->

@@ -14,14 +14,14 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 09 · Efficient attention
+# # Solutions · Chapter 10 · Efficient attention
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/09_efficient_attention.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/10_efficient_attention.ipynb`:
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Two exercises, one per optimisation of chapter 09: fuse the three input projections into
+# Two exercises, one per optimisation of chapter 10: fuse the three input projections into
 # one, and compute attention block by block without ever holding the whole `(Lq, Lk)` weight
 # matrix, the idea behind flash attention.
 #
@@ -29,7 +29,7 @@
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=09`, or `.venv/bin/python -m mha_course start 09`; see the README), so that
+# (`make exercise N=10`, or `.venv/bin/python -m mha_course start 10`; see the README), so that
 # updates to the course never overwrite your work.
 # -->
 
@@ -43,7 +43,7 @@ from mha_lib import MultiHeadAttention
 from mha_lib.checks import check_blockwise_attention, check_fused_projection
 
 # %% [markdown]
-# ## Exercise 9.1 · Fuse the three projections
+# ## Exercise 10.1 · Fuse the three projections
 #
 # Write `fuse_projections(mha)` that returns one `nn.Linear(d_model, 3 * d_model)` computing
 # the queries, keys and values of a `MultiHeadAttention` in a single matrix product: its output,
@@ -85,7 +85,7 @@ print("fused == separate:", all(torch.allclose(a, b(x), atol=1e-6) for a, b in (
 # END SOLUTION
 
 # %% [markdown]
-# ## Exercise 9.2 · Attention, one block of keys at a time
+# ## Exercise 10.2 · Attention, one block of keys at a time
 #
 # Flash attention never stores the `(Lq, Lk)` weights. It walks over the keys in blocks and keeps,
 # for every query, three running quantities: the largest score seen so far `m`, the sum of
@@ -143,10 +143,10 @@ check_blockwise_attention(blockwise_attention)
 # <!-- EXERCISE ONLY
 # ## Done?
 #
-# Compare with `solutions/09_efficient_attention.ipynb`, then go on to chapter 10.
+# Compare with `solutions/10_efficient_attention.ipynb`, then go on to chapter 11.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## Next
 #
-# Go on to chapter 10.
+# Go on to chapter 11.
 # <!-- END SOLUTION -->

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 09 · Efficient attention: the same maths, less time and memory
+# # Chapter 10 · Efficient attention: the same maths, less time and memory
 #
 # `mha_lib.MultiHeadAttention` was written to be read: three projections, a split, attention
 # per head, a merge, a projection. On the way it stores every attention weight: a
@@ -220,7 +220,7 @@ if device.type in ("cpu", "cuda"):
 # ```
 #
 # plus a path for cross-attention (slices of `W_qkv`), fewer key and value heads than query
-# heads (chapter 10), the explicit path when you ask for the weights (a fused kernel never has
+# heads (chapter 11), the explicit path when you ask for the weights (a fused kernel never has
 # them), dropout only in training, and a guard for queries whose keys are all masked (section 8
 # shows why a fused kernel needs one).
 # `EfficientMultiHeadAttention.from_module(mha)` copies a teaching module's weights, so the two
@@ -688,13 +688,13 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/09_efficient_attention.ipynb`; each exercise
+# Practise what this chapter built in `exercises/10_efficient_attention.ipynb`; each exercise
 # checks itself and tells you what is wrong. See the README for how to start your own copy.
 #
 # ## What comes next
 #
-# **Chapter 10** runs attention the way a
+# **Chapter 11** runs attention the way a
 # language model generates text, one token at a time, with a cache of keys and values, and shows
-# how fewer key/value heads and sliding windows keep that cache small. **Chapter 11**, the
+# how fewer key/value heads and sliding windows keep that cache small. **Chapter 12**, the
 # course's last, takes up the challenge at the end of Priyesh Dave's post: restrict head 0 to the
 # first half of the sequence and head 1 to the second half.

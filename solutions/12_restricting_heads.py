@@ -14,10 +14,10 @@
 # ---
 
 # %% [markdown]
-# # Solutions · Chapter 11 · Restricting each head to half of the sequence
+# # Solutions · Chapter 12 · Restricting each head to half of the sequence
 #
 # <!-- BEGIN SOLUTION -->
-# > **Worked solutions.** This notebook is the source of `exercises/11_restricting_heads.ipynb`:
+# > **Worked solutions.** This notebook is the source of `exercises/12_restricting_heads.ipynb`:
 # > the same exercises, with the solutions filled in, every comparison computed, and a model
 # > answer to the written question, backed by the measurements above it.
 # <!-- END SOLUTION -->
@@ -36,8 +36,8 @@
 # <!-- EXERCISE ONLY
 # Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
 # the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
-# compute what the text asks for, then compare with `solutions/11_restricting_heads.ipynb`.
-# Work in your own copy (`make exercise N=11`, or `.venv/bin/python -m mha_course start 11`).
+# compute what the text asks for, then compare with `solutions/12_restricting_heads.ipynb`.
+# Work in your own copy (`make exercise N=12`, or `.venv/bin/python -m mha_course start 12`).
 # -->
 
 # %%
@@ -55,7 +55,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## Part 1 · The restriction
 #
-# ### Exercise 11.1 · The halves mask
+# ### Exercise 12.1 · The halves mask
 #
 # Write `halves_mask(seq_len)` returning a boolean mask of shape `(2, L, L)`, True = may attend:
 # for **every** query, head 0 may attend to the keys `[0, L // 2)` and head 1 to the keys
@@ -84,7 +84,7 @@ def halves_mask(seq_len):
 check_halves_mask(halves_mask)
 
 # %% [markdown]
-# ### Exercise 11.2 · Restricted multi-head attention
+# ### Exercise 12.2 · Restricted multi-head attention
 #
 # Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
 # two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
@@ -92,7 +92,7 @@ check_halves_mask(halves_mask)
 #
 # <details><summary>Hint</summary>
 #
-# Chapter 11 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
+# Chapter 12 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
 # would silently restrict *sequences* instead of heads. Mind the device of the mask.
 # </details>
 
@@ -619,7 +619,7 @@ print("the model answer's statements about the strata hold")
 # ## Done?
 #
 # That was the course's last exercise. Compare your results and your answer with
-# `solutions/11_restricting_heads.ipynb`.
+# `solutions/12_restricting_heads.ipynb`.
 # -->
 # <!-- BEGIN SOLUTION -->
 # ## The end

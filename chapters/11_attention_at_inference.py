@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 10 · Attention at inference: the key/value cache, shared heads, sliding windows, latent attention
+# # Chapter 11 · Attention at inference: the key/value cache, shared heads, sliding windows, latent attention
 #
 # A language model writes one token at a time. To pick token `t + 1` it runs its layers over
 # everything written so far, then appends the new token and does it again. Run naively, every
@@ -165,7 +165,7 @@ for rotary in (False, True):
 
 # %% [markdown]
 # How much faster? `mha_lib.bench.decode` times both ways on one layer of the book's size
-# (`d_model = 512`, 8 heads, batch 1; chapter 09's `EfficientMultiHeadAttention`, which takes
+# (`d_model = 512`, 8 heads, batch 1; chapter 10's `EfficientMultiHeadAttention`, which takes
 # `cache=` too) and checks that they agree. The notebook decodes 48 tokens
 # to stay quick. `python -m mha_lib.bench decode --threads 1` decodes 256 and reports the fastest
 # of three runs of each way. On this course's 2 shared CPU cores, one thread measured the cache 13× to 24×
@@ -325,7 +325,7 @@ assert measured["GQA"] * 4 == measured["MHA"] and measured["MQA"] * 8 == measure
 # how far back a token may look. In **sliding-window attention** the query at position `i` sees
 # only the last `window` keys, `i - window + 1 .. i`: the local attention of Longformer, in the
 # causal form Mistral 7B uses with a window of 4096. The window counts the keys a query sees,
-# itself included (chapter 11 keeps this convention). `mha_lib.sliding_window_mask(L, window)`
+# itself included (chapter 12 keeps this convention). `mha_lib.sliding_window_mask(L, window)`
 # is True exactly where `0 <= i - j < window`:
 
 # %%
@@ -418,7 +418,7 @@ print(sliding_window_mask(6, 3, sinks=1).int())
 # cache). A window does not blind the model to everything before it: in layer 2, a token reads
 # tokens that have already gathered their own windows, so what it hears from reaches `window - 1`
 # positions further back with every layer. How far that reaches, and the other ways of
-# restricting where a head may look, are the subject of chapter 11.
+# restricting where a head may look, are the subject of chapter 12.
 
 # %%
 per_token_mistral = kv_cache_bytes(num_layers=32, num_kv_heads=8, d_k=128, seq_len=1)
@@ -652,7 +652,7 @@ assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1
 #
 # ## Exercises
 #
-# Practise what this chapter built in `exercises/10_attention_at_inference.ipynb`: the sliding
+# Practise what this chapter built in `exercises/11_attention_at_inference.ipynb`: the sliding
 # window mask, `repeat_kv`, one decoding step with a cache and rotary positions, and the fold of
 # latent attention's up-projections (`W_uk` into the queries, `W_uv` into `W_o`); each
 # exercise checks itself and tells you what is wrong. See the README for how to start your own
@@ -660,7 +660,7 @@ assert big["MHA"] * 2**17 / 2**30 == 480 and round(big["MLA"] * 2**17 / 2**30, 1
 #
 # ## What comes next
 #
-# **Chapter 11**, the course's last, takes the sliding window further: global tokens,
+# **Chapter 12**, the course's last, takes the sliding window further: global tokens,
 # block-sparse and strided patterns, a different mask for every head, and how far information
 # travels through a stack of restricted layers. Then it takes up the challenge at the end of
 # Priyesh Dave's post: restrict head 0 to the first half of the sequence and head 1 to the

@@ -14,16 +14,16 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 10 · Attention at inference
+# # Exercises · Chapter 11 · Attention at inference
 #
-# Four exercises, one per idea of chapter 10: the sliding-window mask, the key/value heads that
+# Four exercises, one per idea of chapter 11: the sliding-window mask, the key/value heads that
 # groups of query heads share, one decoding step with a key/value cache and rotary positions, and
 # the fold that lets multi-head latent attention decode from its latents alone.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
 # anything. Hints are folded away: click to open them. Work in your own copy
-# (`make exercise N=10`, or `.venv/bin/python -m mha_course start 10`; see the README), so that
+# (`make exercise N=11`, or `.venv/bin/python -m mha_course start 11`; see the README), so that
 # updates to the course never overwrite your work.
 
 # %%
@@ -36,7 +36,7 @@ from mha_lib.checks import (check_absorb_up_projections, check_cached_attention,
                             check_sliding_window_mask)
 
 # %% [markdown]
-# ## Exercise 10.1 · The sliding-window mask
+# ## Exercise 11.1 · The sliding-window mask
 #
 # Write `sliding_window_mask(seq_len, window)`: a bool tensor `(L, L)`, rows = queries,
 # columns = keys, True (may attend) exactly where `0 <= i - j < window`. Each query sees itself
@@ -61,7 +61,7 @@ check_sliding_window_mask(sliding_window_mask)
 #
 
 # %% [markdown]
-# ## Exercise 10.2 · Share key/value heads
+# ## Exercise 11.2 · Share key/value heads
 #
 # Write `repeat_kv(x, n_rep)`: from `x (B, H_kv, L, d_k)`, the key (or value) heads of a
 # grouped-query layer, build `(B, H_kv · n_rep, L, d_k)` in which head `h` is head `h // n_rep`
@@ -86,7 +86,7 @@ check_repeat_kv(repeat_kv)
 #
 
 # %% [markdown]
-# ## Exercise 10.3 · One decoding step with a cache
+# ## Exercise 11.3 · One decoding step with a cache
 #
 # Write `attend_with_cache(query, key, value, k_cache, v_cache)` for one attention layer with
 # rotary positions (chapter 06):
@@ -131,9 +131,9 @@ check_cached_attention(attend_with_cache)
 #
 
 # %% [markdown]
-# ## Exercise 10.4 · Absorb the up-projections
+# ## Exercise 11.4 · Absorb the up-projections
 #
-# Multi-head latent attention (chapter 10, section 7) caches one latent `c = W_dkv x` per token;
+# Multi-head latent attention (chapter 11, section 7) caches one latent `c = W_dkv x` per token;
 # head `h` rebuilds its key `W_uk[h] c` and its value `W_uv[h] c` from it. Write
 # `absorb_up_projections(mla)`: given a `MultiHeadLatentAttention` with `H = mla.num_heads` heads
 # of `d_k = mla.d_k` features and a latent of `d_latent = mla.d_latent`, return `(W_uk, W_ov)`,
@@ -191,4 +191,4 @@ check_absorb_up_projections(absorb_up_projections)
 # %% [markdown]
 # ## Done?
 #
-# Compare with `solutions/10_attention_at_inference.ipynb`, then go on to chapter 11.
+# Compare with `solutions/11_attention_at_inference.ipynb`, then go on to chapter 12.

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Exercises · Chapter 11 · Restricting each head to half of the sequence
+# # Exercises · Chapter 12 · Restricting each head to half of the sequence
 #
 # The "Try it yourself" of the source post, in three parts:
 #
@@ -29,8 +29,8 @@
 #
 # Part 1 has two checks, like the other exercises: replace each `raise NotImplementedError`, run
 # the cell, then its check. The cells of parts 2 and 3 that say *your code here* have no check:
-# compute what the text asks for, then compare with `solutions/11_restricting_heads.ipynb`.
-# Work in your own copy (`make exercise N=11`, or `.venv/bin/python -m mha_course start 11`).
+# compute what the text asks for, then compare with `solutions/12_restricting_heads.ipynb`.
+# Work in your own copy (`make exercise N=12`, or `.venv/bin/python -m mha_course start 12`).
 
 # %%
 import matplotlib.pyplot as plt
@@ -47,7 +47,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 # %% [markdown]
 # ## Part 1 · The restriction
 #
-# ### Exercise 11.1 · The halves mask
+# ### Exercise 12.1 · The halves mask
 #
 # Write `halves_mask(seq_len)` returning a boolean mask of shape `(2, L, L)`, True = may attend:
 # for **every** query, head 0 may attend to the keys `[0, L // 2)` and head 1 to the keys
@@ -72,7 +72,7 @@ def halves_mask(seq_len):
 check_halves_mask(halves_mask)
 
 # %% [markdown]
-# ### Exercise 11.2 · Restricted multi-head attention
+# ### Exercise 12.2 · Restricted multi-head attention
 #
 # Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
 # two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
@@ -80,7 +80,7 @@ check_halves_mask(halves_mask)
 #
 # <details><summary>Hint</summary>
 #
-# Chapter 11 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
+# Chapter 12 showed how an `(H, L, L)` mask broadcasts through the module, and which shape
 # would silently restrict *sequences* instead of heads. Mind the device of the mask.
 # </details>
 
@@ -265,4 +265,4 @@ from mha_lib.sentiment.probes import TEMPLATES, halves_strata, stratified_halves
 # ## Done?
 #
 # That was the course's last exercise. Compare your results and your answer with
-# `solutions/11_restricting_heads.ipynb`.
+# `solutions/12_restricting_heads.ipynb`.

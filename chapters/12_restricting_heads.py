@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Chapter 11 · Restricting where heads may look
+# # Chapter 12 · Restricting where heads may look
 #
 # The course ends where its first source ends. Priyesh Dave's post "Day 28: Multi-Head
 # Attention" closes with a challenge: change the multi-head code so that **the first head may
@@ -25,11 +25,11 @@
 # The challenge is not a toy. Restricting where a head may look is one way models handle long
 # inputs. Full attention computes `L × L` scores per head and layer: about 17 billion at
 # `L = 131 072` (128k tokens). Llama 3.1 and Qwen 2.5 pay that over 128k-token contexts with
-# fused kernels such as flash attention (chapter 09), which make the **memory** linear in `L`;
+# fused kernels such as flash attention (chapter 10), which make the **memory** linear in `L`;
 # the **compute** still grows like `L²`, 64 times more for a text 8 times longer. A head that
 # may look at `W` keys needs only `L · W` scores, if the kernel skips the rest. This chapter
-# builds the restrictions real models use (chapter 10's causal window is one), then sets up the
-# challenge, which you solve in `exercises/11_restricting_heads.ipynb`.
+# builds the restrictions real models use (chapter 11's causal window is one), then sets up the
+# challenge, which you solve in `exercises/12_restricting_heads.ipynb`.
 #
 # **By the end of this chapter and its exercise you will be able to**
 #
@@ -69,7 +69,7 @@ print("Running on:", device.type)
 # sequence of `L` tokens; each returns an `(L, L)` bool mask, rows = queries, columns = keys.
 #
 # - **Local (sliding-window) attention**: query `i` may attend only to the `W` keys nearest to it.
-#   As in chapter 10, the **window `W` counts the keys a query sees, itself included**. Mistral
+#   As in chapter 11, the **window `W` counts the keys a query sees, itself included**. Mistral
 #   7B uses a causal window, `W = 4096`: query `i` sees keys `i - W + 1 … i`, that is
 #   `0 <= i - j < W`, exactly `mha_lib.sliding_window_mask(L, W)`. (The Mistral paper writes
 #   the span as `i - W … i`, one key more; implementations differ by that one key, and this
@@ -124,7 +124,7 @@ patterns = {
     "blocks of 4 + global 0": with_global(block_local(L, 4), [0]),
     "strided, every 4th": strided(L, 4),
 }
-assert torch.equal(patterns["causal window, W = 4"], sliding_window_mask(L, 4))  # chapter 10's: the same W
+assert torch.equal(patterns["causal window, W = 4"], sliding_window_mask(L, 4))  # chapter 11's: the same W
 for name, mask in patterns.items():
     print(f"{name:26} {tuple(mask.shape)}  keys per query: {mask.sum(1).min().item():2d} to "
           f"{mask.sum(1).max().item():2d}  ({mask.float().mean().item():4.0%} of the L x L scores)")
@@ -395,15 +395,15 @@ plt.show()
 #
 # ## Your turn
 #
-# - Start your copy: `make exercise N=11` (or `.venv/bin/python -m mha_course start 11`), then open
-#   `workspace/11_restricting_heads.ipynb`. The exercise notebook is
-#   `exercises/11_restricting_heads.ipynb`; its checks (`check_halves_mask`,
+# - Start your copy: `make exercise N=12` (or `.venv/bin/python -m mha_course start 12`), then open
+#   `workspace/12_restricting_heads.ipynb`. The exercise notebook is
+#   `exercises/12_restricting_heads.ipynb`; its checks (`check_halves_mask`,
 #   `check_restricted_attention`) tell you what is wrong, if anything.
 # - Write your answer before you read the model answer.
 #
 # ## After the exercise
 #
-# The model answer is in `solutions/11_restricting_heads.ipynb`, Part 4. It does not rest on the
+# The model answer is in `solutions/12_restricting_heads.ipynb`, Part 4. It does not rest on the
 # one model the notebook trains: it reads the course's **seed study**, the same free and
 # restricted models trained in many independent runs, each from its own seed on its own
 # sentences (`mha_lib.sentiment.load_study()`; `make study` re-runs it), says only what held
@@ -427,10 +427,10 @@ plt.show()
 #   and only a study over many independent runs says which findings are robust.
 # - **Chapter 08:** heads compose across layers: a second-layer induction head finds the earlier
 #   copy of a token through what a first-layer head wrote, which no single layer can do.
-# - **Chapter 09:** the same maths, fused, without ever storing the `L × L` weights.
-# - **Chapter 10:** at inference a model caches each layer's keys and values; fewer key/value
+# - **Chapter 10:** the same maths, fused, without ever storing the `L × L` weights.
+# - **Chapter 11:** at inference a model caches each layer's keys and values; fewer key/value
 #   heads (MQA, GQA) and sliding windows keep that cache small.
-# - **Chapter 11:** a mask per head decides what each head may see: windows, global tokens and
+# - **Chapter 12:** a mask per head decides what each head may see: windows, global tokens and
 #   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
 # ## Where to go next
