@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         "update", help="update the course to its newest version (git pull), even after you ran the chapters",
         description="Bring the course up to date: course notebooks changed only by running them are put back, "
                     "your own edits to course files are saved in workspace/saved/<date>/ first, then "
-                    "`git pull --ff-only`. Never touches the rest of workspace/.")
+                    "`git pull --ff-only`. Never touches the rest of workspace/, except to rename your copy of "
+                    "an exercise the course renamed.")
     args = parser.parse_args(argv)
     try:
         if args.command == "start":

@@ -12,7 +12,11 @@ fast-forwards to the course's newest version (``git pull --ff-only``), never los
   something you staged) are copied to ``workspace/saved/<date>/<its path>`` first;
 - an untracked file where the new version brings a file of the same name is moved there too
   (other untracked files stay where they are);
-- ``workspace/`` itself is never touched (git ignores it; the saved copies are only added).
+- ``workspace/`` itself is never touched (git ignores it; the saved copies are only added),
+  with one exception: when the new version renames an exercise notebook (git sees
+  ``exercises/09_x.ipynb`` become ``exercises/10_x.ipynb``), your copy ``workspace/09_x.ipynb``
+  is renamed with it, its content unchanged, unless ``workspace/10_x.ipynb`` exists too: then
+  nothing is renamed and it says what to do.
 
 It stops, with what to do and having changed nothing, when this is not a git clone, when the
 branch follows no upstream, when a merge or rebase is under way, when the fetch fails, and when
@@ -150,6 +154,44 @@ def _save(root: Path, folder: Path, path: str, data: bytes) -> Path:
     return target
 
 
+def exercise_renames(root: Path, old: str, new: str) -> list[tuple[str, str]]:
+    """The exercise notebooks (``exercises/*.ipynb``) that git sees renamed from ``old`` to ``new``,
+    as (old name, new name) pairs: what ``git diff --name-status -M`` reports as R entries."""
+    diff = git("diff", "--no-color", "--name-status", "-z", "-M", old, new, "--", "exercises/", cwd=root, check=False)
+    fields = diff.stdout.split("\0") if diff.returncode == 0 else []  # the update is done: renaming is a bonus
+    renames, i = [], 0
+    while i < len(fields) and fields[i]:
+        code = fields[i]
+        if code[:1] in ("R", "C"):  # two paths follow
+            a, b = Path(fields[i + 1]), Path(fields[i + 2])
+            if code[0] == "R" and a.parent == b.parent == Path("exercises") and a.suffix == b.suffix == ".ipynb":
+                renames.append((a.name, b.name))
+            i += 3
+        else:
+            i += 2
+    return renames
+
+
+def follow_renames(root: Path, renames: list[tuple[str, str]], say=print) -> None:
+    """Rename ``workspace/<old>`` to ``workspace/<new>`` for each renamed exercise, never overwriting:
+    when both exist, nothing is renamed and ``say`` tells what to do. (In one diff a new name is
+    never also an old one, so the order does not matter.)"""
+    workspace = root / "workspace"
+    for a, b in renames:
+        source, target = workspace / a, workspace / b
+        if not source.is_file() or (root / "exercises" / a).exists():  # no copy, or still an exercise's name
+            continue
+        if target.exists() or target.is_symlink():
+            say(f"  workspace/{a} was NOT renamed: the course renamed exercises/{a} to exercises/{b}, and you "
+                f"already have workspace/{b}, which is the copy `make progress` checks now. Copy what you want "
+                f"to keep from workspace/{a} into workspace/{b}, then move workspace/{a} out of workspace/ "
+                f"(e.g. into workspace/saved/).")
+            continue
+        source.rename(target)
+        say(f"  renamed workspace/{a} -> workspace/{b}: the course renamed exercises/{a} to exercises/{b} "
+            "(your work in it is unchanged; `make progress` finds it under its new name)")
+
+
 def in_progress(root: Path) -> str | None:
     git_dir = Path(git("rev-parse", "--absolute-git-dir", cwd=root).stdout.strip())
     for name, what in (("MERGE_HEAD", "a merge"), ("rebase-merge", "a rebase"), ("rebase-apply", "a rebase"),
@@ -217,12 +259,14 @@ def update(cwd: Path | None = None, today: str | None = None, say=print) -> int:
         note = f" (and your {ahead} commit(s) are kept)" if ahead else ""
         say(f"The course is up to date{note}.")
         return 0
+    before = git("rev-parse", "HEAD", cwd=root).stdout.strip()
     result = git("merge", "--ff-only", "--quiet", upstream, cwd=root, check=False)
     if result.returncode != 0:
         saved = f" Your edits are saved in {folder}/." if plan.save or plan.move else ""
         raise UpdateError(f"`git pull --ff-only` failed:\n{result.stderr.strip()}\n{saved}")
     head = git("rev-parse", "--short", "HEAD", cwd=root).stdout.strip()
     say(f"Updated the course to {head} ({behind} new commit(s)).")
+    follow_renames(root, exercise_renames(root, before, "HEAD"), say)
     if plan.save or plan.save_staged or plan.move:
         say(f"Your own versions are in {folder.as_posix()}/ (git never changes workspace/).")
     return 0

@@ -287,3 +287,63 @@ def test_waiting_and_last_runs_in_a_kernel(tmp_path):
     assert rows == {"1.1": ("not implemented", "not implemented yet"),
                     "1.2": ("not implemented", "waits for exercise 1.1: halves_mask is not implemented yet"),
                     "1.3": ("passed", "passed")}, report.rows
+
+
+# ------------------------------------------------- a chapter the course renumbered (09 -> 10)
+
+def test_a_copy_started_before_its_chapter_was_renumbered_maps_by_rank():
+    """The learner's copy still says "Exercise 9.1" where the course now says 10.1 (make update renames
+    the file, never its content): its cells go to 10.1 and 10.2 all the same."""
+    first = Exercise("10_x", "10.1", "Fuse", ("check_fused_projection",))
+    second = Exercise("10_x", "10.2", "Blocks", ("check_blockwise_attention",))
+    cells = [{"cell_type": "markdown", "source": "## Exercise 9.1 · Fuse"},
+             {"cell_type": "code", "source": "def fuse_projections(mha):\n    raise NotImplementedError"},
+             {"cell_type": "code", "source": "check_fused_projection(fuse_projections)"},
+             {"cell_type": "markdown", "source": "## Exercise 9.2 · Blocks"},
+             {"cell_type": "code", "source": "def blockwise_attention(q, k, v, b):\n    return q"},
+             {"cell_type": "markdown", "source": "## Exercise 10.7 · An exercise of my own"},
+             {"cell_type": "code", "source": "def mine():\n    pass"}]
+    owners = progress.assign_cells(cells, [first, second])
+    assert [o and o.number for o in owners] == ["10.1", "10.1", "10.1", "10.2", "10.2", "10.2", "10.2"]
+    from mha_course.progress.runner import defined_functions
+
+    assert defined_functions(cells, owners) == {"fuse_projections": "10.1", "blockwise_attention": "10.2",
+                                                "mine": "10.2"}
+
+
+def test_a_workspace_notebook_named_after_no_exercise_is_reported_not_ignored(tmp_path, monkeypatch):
+    root = tmp_path / "course"
+    (root / "exercises").mkdir(parents=True)
+    (root / "workspace").mkdir()
+    for stem, number in (("03_heads", "3.1"), ("10_efficient", "10.1")):
+        (root / "exercises" / f"{stem}.ipynb").write_text(json.dumps(notebook(
+            [("markdown", f"# Exercises · Chapter {stem[:2]} · {stem[3:]}"),
+             ("markdown", f"## Exercise {number} · One"), ("code", "check_one(f)")])))
+    stale = root / "workspace" / "09_efficient.ipynb"  # the learner pulled with git, not `make update`
+    stale.write_text("my chapter 09 work, not even JSON")
+    (root / "workspace" / "10_efficient_old.ipynb").write_text("{}")
+    before = {p.name: p.read_bytes() for p in (root / "workspace").iterdir()}
+    monkeypatch.setattr(progress.runner, "_run", lambda *a: pytest.fail("no notebook should run"))
+
+    report = progress.check_workspace(root)
+
+    assert report.notebooks_run == 0 and {r.status for r in report.rows} == {progress.NOT_STARTED}
+    assert report.notes == [
+        "workspace/09_efficient.ipynb is not checked: its exercise is now 10_efficient (the course renumbered "
+        "it). Rename your copy to have it checked: mv workspace/09_efficient.ipynb workspace/10_efficient.ipynb",
+        "workspace/10_efficient_old.ipynb is not checked: no exercise has that name (a copy is checked when it "
+        "is named as its exercise in exercises/, e.g. 10_efficient.ipynb). Rename it to have it checked, or "
+        "leave it as it is: it stays yours."], report.notes
+    text = progress.render(report)
+    assert "\n⚠ workspace/09_efficient.ipynb is not checked" in text, text
+    assert text.endswith("0 of 2 exercises done. No notebook in workspace/ was run (see above)."), text
+    assert progress.check_workspace(root, chapters=["03"]).notes == [], "chapter 03 only: the 10s are not its"
+    assert len(progress.check_workspace(root, chapters=["10"]).notes) == 2
+
+    # Both names: the new one is the copy checked; the old one is left for the learner to merge.
+    monkeypatch.setattr(progress.runner, "_run", lambda *a: None)
+    (root / "workspace" / "10_efficient.ipynb").write_text(json.dumps(notebook([("code", "x = 1")])))
+    both = progress.check_workspace(root).notes[0]
+    assert both.startswith("workspace/09_efficient.ipynb is not checked: its exercise is now 10_efficient") \
+        and "workspace/10_efficient.ipynb is the copy checked" in both and "mv " not in both, both
+    assert all(before[p.name] == p.read_bytes() for p in (root / "workspace").iterdir() if p.name in before)

@@ -179,3 +179,93 @@ def test_not_a_clone_and_no_upstream_are_refused_with_what_to_do(course, tmp_pat
     git(learner, "branch", "--quiet", "--unset-upstream")
     result = update(learner)
     assert result.returncode == 1 and "--set-upstream-to=origin/main" in result.stderr, result.stderr
+
+
+# ------------------------------------------------ a renamed exercise takes the learner's copy along
+
+def with_exercises(course: dict[str, Path], *names: str) -> None:
+    """The course gains exercises/<name> for each name; the learner pulls it (a clean clone: plain git)."""
+    author = course["author"]
+    (author / "exercises").mkdir(exist_ok=True)
+    for name in names:
+        (author / "exercises" / name).write_text(notebook(f"# {name}", "raise NotImplementedError"))
+    git(author, "add", "exercises")
+    git(author, "commit", "--quiet", "-m", "exercises")
+    git(author, "push", "--quiet", "origin", "main")
+    git(course["learner"], "pull", "--quiet", "--ff-only")
+
+
+def rename_upstream(author: Path, *moves: tuple[str, str]) -> str:
+    """The course renames files (``git mv``), pushed to origin. Returns the new commit."""
+    for old, new in moves:
+        (author / new).parent.mkdir(parents=True, exist_ok=True)
+        git(author, "mv", old, new)
+    git(author, "commit", "--quiet", "-m", "renumber")
+    git(author, "push", "--quiet", "origin", "main")
+    return git(author, "rev-parse", "HEAD")
+
+
+def test_a_renamed_exercise_renames_the_learners_copy_in_workspace(course):
+    learner = course["learner"]
+    with_exercises(course, "09_efficient.ipynb", "10_inference.ipynb", "08_kept.ipynb")
+    ws = learner / "workspace"
+    ws.mkdir()
+    work = notebook("### Exercise 9.1 · mine", "def f():\n    return 42  # my answer")
+    (ws / "09_efficient.ipynb").write_text(work)
+    kept = notebook("my 08")
+    (ws / "08_kept.ipynb").write_text(kept)
+    new_head = rename_upstream(course["author"], ("exercises/10_inference.ipynb", "exercises/11_inference.ipynb"),
+                               ("exercises/09_efficient.ipynb", "exercises/10_efficient.ipynb"))
+
+    result = update(learner)
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and git(learner, "rev-parse", "HEAD") == new_head, output
+    assert not (ws / "09_efficient.ipynb").exists(), output
+    assert (ws / "10_efficient.ipynb").read_text() == work, "the learner's work did not arrive under the new name"
+    assert "renamed workspace/09_efficient.ipynb -> workspace/10_efficient.ipynb" in output, output
+    assert "11_inference" not in output and not (ws / "11_inference.ipynb").exists(), \
+        "the learner had no copy of 10_inference: nothing to rename, nothing to say"
+    assert (ws / "08_kept.ipynb").read_text() == kept
+    assert sorted(p.name for p in ws.iterdir()) == ["08_kept.ipynb", "10_efficient.ipynb"]
+
+
+def test_both_names_in_workspace_are_left_alone_with_what_to_do(course):
+    learner = course["learner"]
+    with_exercises(course, "09_efficient.ipynb")
+    ws = learner / "workspace"
+    ws.mkdir()
+    old, new = notebook("my old work"), notebook("my newer work")
+    (ws / "09_efficient.ipynb").write_text(old)
+    (ws / "10_efficient.ipynb").write_text(new)  # e.g. `make exercise N=10` after a plain git pull elsewhere
+    rename_upstream(course["author"], ("exercises/09_efficient.ipynb", "exercises/10_efficient.ipynb"))
+
+    result = update(learner)
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert (ws / "09_efficient.ipynb").read_text() == old and (ws / "10_efficient.ipynb").read_text() == new
+    assert "workspace/09_efficient.ipynb was NOT renamed" in output, output
+    assert "Copy what you want to keep from workspace/09_efficient.ipynb into workspace/10_efficient.ipynb" \
+        in output, output
+    assert sorted(p.name for p in ws.iterdir()) == ["09_efficient.ipynb", "10_efficient.ipynb"]
+
+
+def test_a_rename_outside_exercises_leaves_workspace_alone(course):
+    learner = course["learner"]
+    with_exercises(course, "05_other.ipynb")
+    ws = learner / "workspace"
+    ws.mkdir()
+    mine = notebook("my copy of chapter 02")  # named as the chapter, which the course now renames
+    (ws / "02_edit.ipynb").write_text(mine)
+    new_head = rename_upstream(course["author"], ("chapters/02_edit.ipynb", "chapters/04_edit.ipynb"),
+                               ("README.md", "exercises/sub/README.md"))
+
+    result = update(learner)
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and git(learner, "rev-parse", "HEAD") == new_head, output
+    assert (learner / "chapters" / "04_edit.ipynb").exists(), "the course's own rename was not pulled"
+    assert sorted(p.name for p in ws.iterdir()) == ["02_edit.ipynb"], output
+    assert (ws / "02_edit.ipynb").read_text() == mine
+    assert "renamed workspace/" not in output and "NOT renamed" not in output, output

@@ -45,6 +45,7 @@ class Report:
     notebooks_run: int = 0
     seconds: float = 0.0
     chapter_titles: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # workspace notebooks that match no exercise
 
     @property
     def done(self) -> int:

@@ -53,13 +53,24 @@ def assign_cells(cells: list[dict], exercises: list[Exercise]) -> list[Exercise 
         for name in exercise.checks:
             by_check.setdefault(name, exercise)
     by_number = {e.number: e for e in exercises}
+    # A copy started before the course renumbered its chapter says "Exercise 9.1" where the course
+    # now says "10.1": a heading whose chapter number is none of these exercises' goes by its rank.
+    chapters = {e.number.partition(".")[0] for e in exercises}
+    by_rank: dict[str, Exercise] = {}
+    for exercise in exercises:
+        by_rank.setdefault(exercise.number.partition(".")[2], exercise)
+
+    def by_heading(number: str) -> Exercise | None:
+        chapter, _, rank = number.partition(".")
+        return by_number.get(number) or (by_rank.get(rank) if chapter not in chapters else None)
+
     current: Exercise | None = None
     owners: list[Exercise | None] = []
     for cell in cells:
         if cell.get("cell_type") == "markdown":
             headings = EXERCISE_HEADING.findall(_source(cell))
             if headings:
-                current = by_number.get(headings[-1][0], current)
+                current = by_heading(headings[-1][0]) or current
             elif TITLE_HEADING.search(_source(cell)) or re.search(r"^##\s", _source(cell), re.M):
                 current = None  # "## Part 2", "## Done?": no longer inside an exercise
             owners.append(current)
@@ -288,4 +299,33 @@ def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
         if on_notebook:
             on_notebook(copy.name, time.perf_counter() - began)
     report.seconds = time.perf_counter() - start
+    report.notes = stray_notebooks(root, titles, wanted)
     return report
+
+
+def stray_notebooks(root: Path, stems: Iterable[str], wanted: Iterable[str] = ()) -> list[str]:
+    """A line for each ``workspace/NN_*.ipynb`` named after no exercise (none of ``stems``): it is
+    not checked. When an exercise has its name under another number (the course renumbered the
+    chapter, and the copy was not renamed with it), the line says how to rename it."""
+    stems, wanted = set(stems), set(wanted)
+    notes = []
+    for copy in sorted((root / "workspace").glob("[0-9][0-9]_*.ipynb")):
+        if copy.stem in stems:
+            continue
+        same = [s for s in sorted(stems) if s[3:] == copy.stem[3:]]
+        if wanted and not {copy.stem, copy.stem[:2], *same, *(s[:2] for s in same)} & wanted:
+            continue
+        if len(same) == 1 and (root / "workspace" / f"{same[0]}.ipynb").exists():
+            notes.append(f"workspace/{copy.name} is not checked: its exercise is now {same[0]} (the course "
+                         f"renumbered it), and workspace/{same[0]}.ipynb is the copy checked. Copy what you want "
+                         f"to keep from {copy.name} into it, then move {copy.name} out of workspace/.")
+        elif len(same) == 1:
+            notes.append(f"workspace/{copy.name} is not checked: its exercise is now {same[0]} (the course "
+                         f"renumbered it). Rename your copy to have it checked: "
+                         f"mv workspace/{copy.name} workspace/{same[0]}.ipynb")
+        else:
+            example = next((s for s in sorted(stems) if s[:2] == copy.stem[:2]), min(stems, default="01_x"))
+            notes.append(f"workspace/{copy.name} is not checked: no exercise has that name (a copy is checked when "
+                         f"it is named as its exercise in exercises/, e.g. {example}.ipynb). Rename it to have "
+                         "it checked, or leave it as it is: it stays yours.")
+    return notes

@@ -39,9 +39,11 @@ def render(report: Report, width: int | None = None) -> str:
     if report.notebooks_run:
         total += (f" Ran {report.notebooks_run} notebook{'s' * (report.notebooks_run != 1)} from workspace/ "
                   f"in {report.seconds:.0f} s (your files are not modified).")
+    elif report.notes:
+        total += " No notebook in workspace/ was run (see above)."
     else:
         total += " You have no exercise notebook in workspace/ yet: start one with `make exercise N=01`."
-    return "\n".join(out + ["", total])
+    return "\n".join(out + [""] + [f"⚠ {note}" for note in report.notes] + [total])
 
 
 def main(chapters: Iterable[str] = (), timeout: float = DEFAULT_TIMEOUT, root: Path | None = None) -> int:
