@@ -89,7 +89,10 @@ def find_chapters(root: Path = ROOT) -> list[Chapter]:
 def settings() -> dict:
     """The repository URL and branch, as book/conf.py resolves them ("url" is "" while the
     setting is still the placeholder), and JupyterLab's usual address."""
-    conf = runpy.run_path(str(BOOK / "conf.py"))
+    try:
+        conf = runpy.run_path(str(BOOK / "conf.py"))
+    except ImportError as error:  # what the book needs is not installed: say so in one line
+        raise SystemExit(f"error: {error}") from error
     return {"url": conf["repository_url"], "branch": conf["repository_branch"],
             "configured": conf["repository_configured"], "source": conf["repository_source"],
             "lab": conf["lab_url"]}

@@ -61,19 +61,21 @@ copyright = "the course's contributors; MIT licence"  # noqa: A001 - Sphinx's na
 extensions = [
     "myst_nb",  # notebooks and MyST markdown
     "sphinx.ext.githubpages",  # .nojekyll, for GitHub Pages
+    "sphinx_copybutton",  # a copy button on the code (below)
 ]
-# Copy buttons on code blocks: sphinx-copybutton, where it is installed (pages.yml installs it;
-# it is not in requirements-dev.txt, so that `make book` works from the pinned set offline).
+# Copy buttons on the code, always: sphinx-copybutton (pinned in requirements-dev.txt, which
+# `make setup`, `make book` and the workflows install). Its script and stylesheet are shipped
+# in the book's _static/, like the rest; _prune drops what its pages do not load.
 try:
     import sphinx_copybutton  # noqa: F401
-except ImportError:
-    copybutton_enabled = False
-else:
-    copybutton_enabled = True
-    extensions.append("sphinx_copybutton")
-    # Only the code: not the outputs, nor the prompts of a shell example.
-    copybutton_selector = "div.cell_input pre, div.highlight-bash pre, div.highlight-python pre"
-    copybutton_exclude = ".linenos, .gp, .go"
+except ImportError as error:
+    raise ImportError(
+        "the web book needs sphinx-copybutton (copy buttons on the code), which is not installed: "
+        "run `make setup` (or `pip install -r requirements-dev.txt`, which pins it)") from error
+# Only the code: the notebooks' code cells and the bash and Python blocks, not the outputs,
+# nor the prompts ($, >>>) or printed output of a shell or console example.
+copybutton_selector = "div.cell_input pre, div.highlight-bash pre, div.highlight-python pre"
+copybutton_exclude = ".linenos, .gp, .go"
 
 # The notebooks as committed: their stored outputs, never re-executed.
 nb_execution_mode = "off"
@@ -188,14 +190,16 @@ def _fontawesome_by_css() -> bool:
 
 def _prune(app, exception) -> None:
     """Ship only what the pages load: no source maps, no translation catalogues, no copies of
-    what another file embeds, no fontawesome.js when the stylesheet draws the icons
-    (_templates/layout.html drops its tag)."""
+    what another file embeds (the stemmer; sphinx-copybutton's functions and icons), no
+    fontawesome.js when the stylesheet draws the icons (_templates/layout.html drops its tag)."""
     if exception is not None or app.builder.format != "html":
         return
     static = Path(app.outdir) / "_static"
     doomed = set(static.rglob("*.map")) | set(static.glob("*webpack-macros.html"))  # the theme's templates
     # Sphinx's readable copies of the search's stemmer: language_data.js carries it, minified.
     doomed |= set(static.glob("*-stemmer.js"))
+    # sphinx-copybutton's sources: copybutton.js carries copybutton_funcs.js, and its icons inline.
+    doomed |= {static / name for name in ("copybutton_funcs.js", "copy-button.svg", "check-solid.svg")}
     if app.config.html_context.get("mha_no_fontawesome_js"):
         doomed |= set(static.glob("scripts/fontawesome.js*"))
     for path in doomed:

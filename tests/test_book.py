@@ -10,8 +10,8 @@ fail and records it). Then:
   asset comes from the internet, and a new chapter needs no list to be updated;
 - in headless Chromium (tests/browser_support.py): every page loads with no console error
   and no failed request, every image is drawn, every formula is typeset by MathJax (no raw
-  ``$...$`` or ``\\(`` left in the text), search finds the chapters; screenshots of the
-  landing page and of chapter 01 go to ``artifacts/book/``.
+  ``$...$`` or ``\\(`` left in the text), each code cell has its copy button, search finds
+  the chapters; screenshots of the landing page and of chapter 01 go to ``artifacts/book/``.
 """
 
 from __future__ import annotations
@@ -285,10 +285,15 @@ PAGE_STATE_JS = """async () => {
         text: h.textContent, code: h.querySelectorAll('code').length}));
     const math = Array.from(article.querySelectorAll('.math'));
     const untypeset = math.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
+    // Copy buttons (sphinx-copybutton): one after each code cell's code, none on an output.
+    const code = Array.from(article.querySelectorAll('div.cell_input pre, div.highlight-bash pre'));
+    const copy = {code: code.length,
+                  buttons: code.filter(c => (c.nextElementSibling || c).matches('button.copybtn')).length,
+                  onOutputs: article.querySelectorAll('.cell_output .copybtn').length};
     const clone = article.cloneNode(true);
     clone.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
     return {images, hints, math: math.length, typeset: article.querySelectorAll('mjx-container').length,
-            untypeset, text: clone.textContent};
+            untypeset, text: clone.textContent, copy};
 }"""
 RAW_MATH = re.compile(r"\\\(|\\\[|\$\$|(?<![\w$])\$[^\s$][^$\n]*?(?<=[^\s$])\$(?![\w$])")
 
@@ -343,6 +348,11 @@ def test_every_page_in_a_browser(book: Path, site: str, sync_playwright) -> None
                 # Hints: code between backticks shows as code.
                 problems += [f"{path}: a hint shows backticks: {h['text'][:100]!r}" for h in state["hints"]
                              if "`" in h["text"]]
+                copy = state["copy"]
+                if copy["buttons"] < copy["code"] or (path != "index.html" and not copy["code"]):
+                    problems.append(f"{path}: {copy['buttons']} copy buttons for {copy['code']} code cells")
+                if copy["onOutputs"]:
+                    problems.append(f"{path}: {copy['onOutputs']} copy buttons on outputs")
                 math_pages += state["math"] > 0
                 if state["math"] and not state["typeset"]:
                     problems.append(f"{path}: {state['math']} formulas, none typeset")
@@ -754,13 +764,42 @@ def test_the_jupyterlab_link_says_how_to_reach_any_port_and_token(monkeypatch: p
     assert "Colab" not in box, "no Colab link without a repository"
 
 
-def test_copy_buttons_where_sphinx_copybutton_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-    monkeypatch.setitem(sys.modules, "sphinx_copybutton", types.ModuleType("sphinx_copybutton"))
-    assert "sphinx_copybutton" in _conf(monkeypatch)["extensions"]
-    monkeypatch.setitem(sys.modules, "sphinx_copybutton", None)  # import fails
+def test_sphinx_copybutton_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy buttons are always on: without sphinx-copybutton, book/conf.py (and `make book`)
+    stop with an error that says how to install it; requirements-dev.txt pins it."""
     conf = _conf(monkeypatch)
-    assert "sphinx_copybutton" not in conf["extensions"] and conf["copybutton_enabled"] is False
+    assert "sphinx_copybutton" in conf["extensions"]
+    selector = {s.strip() for s in conf["copybutton_selector"].split(",")}
+    assert selector == {"div.cell_input pre", "div.highlight-bash pre", "div.highlight-python pre"}, selector
+    assert {".gp", ".go"} <= {s.strip() for s in conf["copybutton_exclude"].split(",")}, "prompts and output are copied"
+    monkeypatch.setitem(sys.modules, "sphinx_copybutton", None)  # import fails
+    with pytest.raises(ImportError, match=r"sphinx-copybutton.*make setup.*requirements-dev\.txt"):
+        _conf(monkeypatch)
+    with pytest.raises(SystemExit, match=r"^error: .*sphinx-copybutton.*make setup"):
+        book_build.settings()
+    dev = (ROOT / "requirements-dev.txt").read_text()
+    assert re.search(r"^sphinx-copybutton==[\d.]+$", dev, re.M), "requirements-dev.txt must pin sphinx-copybutton"
+
+
+def test_copy_buttons_come_from_the_book_itself(book: Path) -> None:
+    """Every notebook page, and the landing page (its shell commands), loads sphinx-copybutton's
+    script and stylesheet from the book's own _static/ (never a CDN), set up for the code cells;
+    test_every_page_in_a_browser checks that each code cell gets its button."""
+    static = book / "_static"
+    wanted = {"_static/copybutton.js", "_static/copybutton.css", "_static/clipboard.min.js"}
+    for name in wanted:
+        assert (book / name).is_file() and (book / name).stat().st_size > 500, f"{name} is not shipped"
+    conf = book_build.runpy.run_path(str(ROOT / "book" / "conf.py"))
+    script = (static / "copybutton.js").read_text(encoding="utf-8")
+    assert f"'{conf['copybutton_selector']}'" in script and f"'{conf['copybutton_exclude']}'" in script
+    paths = ["index.html"] + [f"{kind}/{n.stem}.html" for kind in KINDS for n in notebooks(kind)]
+    for path in paths:
+        page = book / path
+        loaded = {urllib.parse.urljoin(path, url).split("?")[0] for tag, attribute, url, _ in parse(page).urls
+                  if (tag, attribute) in (("script", "src"), ("link", "href"))}
+        assert not wanted - loaded, f"{path} does not load {sorted(wanted - loaded)} from the book"
+        if path != "index.html":
+            assert 'class="cell_input' in page.read_text(encoding="utf-8"), f"{path} has no code cell"
 
 
 def test_footer_download_and_no_placeholder_in_the_book(book: Path) -> None:
