@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..sentiment.__main__ import parse_seeds
+from ..studies import add_study_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,14 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     study = commands.add_parser("study", help="train and measure many independent seeds",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    study.add_argument("--seeds", type=parse_seeds, default=None,
-                       help="e.g. 100-104 or 0,3,5-7 (default: each configuration's own, from 0)")
+    add_study_arguments(study, output="induction_study.json")
     study.add_argument("--configs", default="learned,rotary",
                        help="comma-separated: learned (one and two layers), rotary (two layers); default: both")
-    study.add_argument("--workers", type=int, default=2, help="processes training side by side (default: 2)")
-    study.add_argument("--output", type=Path, default=Path("induction_study.json"),
-                       help="the JSON file to write (default: induction_study.json here)")
-    study.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the models train")
     model = commands.add_parser("model", help="train and save the trained model exercise 8.3 takes apart")
     model.add_argument("--output", type=Path, default=Path("model_seed0.pt"),
                        help="where to write it (default: model_seed0.pt here)")
@@ -60,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     started = time.perf_counter()
     runs = run_study(study_jobs(args.seeds, names), device=args.device, workers=args.workers)
-    path = save_study(runs, args.output, command="python -m mha_lib.induction " + shlex.join(argv))
-    print(f"wrote {len(runs)} runs to {path} in {time.perf_counter() - started:.0f} s")
+    seconds = time.perf_counter() - started
+    path = save_study(runs, args.output, command="python -m mha_lib.induction " + shlex.join(argv), seconds=seconds)
+    print(f"wrote {len(runs)} runs to {path} in {seconds:.0f} s")
     return 0
 
 

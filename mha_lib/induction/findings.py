@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..sentiment.study import Study
+from ..studies import Study
 from .run import CONFIGS, Run, baselines
 
 __all__ = ["FINDINGS", "STATED", "check_findings", "count_findings", "duplicate_heads", "share_back", "top_head"]

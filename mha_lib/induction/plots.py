@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..sentiment.study import Study
+from ..studies import Study
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -43,7 +43,7 @@ import torch
 
 from ..device import seed_everything
 from ..heads import silence_heads
-from ..sentiment.run import kernel_path
+from ..studies import kernel_path
 from .circuits import (
     composition_scores,
     copying_eigenvalues,

@@ -8,23 +8,22 @@ study's range. Re-run it with ``make study`` or ``python -m mha_lib.induction st
 Each run is independent (its own initialisation and data) and measured as the chapter
 measures: :mod:`.run` trains and measures one. This module runs many of them
 (:func:`study_jobs`, :func:`run_study`, in worker processes), writes and reads the file
-(:func:`save_study`, :func:`load_study`, read back as a
-:class:`~mha_lib.sentiment.study.Study`), and ships one trained run, the model exercise 8.3
+(:func:`save_study`, :func:`load_study`, read back as a :class:`~mha_lib.studies.Study`), with
+the machinery every seed study shares (:mod:`mha_lib.studies`), and ships one trained run, the model exercise 8.3
 takes apart (:func:`save_trained`, :func:`load_trained`). What the chapter states about the
 runs, with the counts, is in :mod:`.findings`.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..sentiment.study import Study, progress_line
+from ..studies import Study, read_study, run_jobs
+from ..studies import save_study as _save_study
 from .model import AttentionOnlyTransformer
 from .run import CONFIGS, Run, baselines, build_model, run_seed, train_run
 
@@ -69,50 +68,36 @@ def study_jobs(seeds: Sequence[int] | None = None, names: Iterable[str] = CONFIG
 
 
 def _job(job: tuple[int, int, str, str]) -> Run:
-    torch.set_num_threads(THREADS)
     seed, n, name, device = job
     return run_seed(seed, n, name, device)
 
 
+def _cost(job: tuple[int, int, str, str]) -> int:
+    """A run's rough cost, its training steps times (1 + its layers): the longest runs start first."""
+    return CONFIGS[job[2]]["training"]["steps"] * (1 + job[1])
+
+
 def run_study(jobs: Sequence[tuple[int, int, str]], device: torch.device | str = "cpu", workers: int = 2,
               progress: bool = True) -> list[Run]:
-    """Every job of :func:`study_jobs`, in ``workers`` processes of :data:`THREADS` thread(s) each,
-    with a progress bar on stderr. Returns the runs in the order of ``jobs``."""
-    jobs = [(seed, n, name, str(device)) for seed, n, name in jobs]
-    cost = {job: CONFIGS[job[2]]["training"]["steps"] * (1 + job[1]) for job in jobs}
-    order = sorted(jobs, key=cost.__getitem__, reverse=True)  # the longest first: the workers end together
-    runs: dict[tuple, Run] = {}
-    started = time.perf_counter()
-    if workers > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for done, run in enumerate(pool.imap_unordered(_job, order), 1):
-                runs[(run["seed"], run["num_layers"], run["config"])] = run
-                if progress:
-                    progress_line("study", done, len(jobs), started, unit="runs")
-    else:
-        for done, job in enumerate(order, 1):
-            runs[job[:3]] = _job(job)
-            if progress:
-                progress_line("study", done, len(jobs), started, unit="runs")
-    return [runs[job[:3]] for job in jobs]
+    """Every job of :func:`study_jobs`, in ``workers`` processes of :data:`THREADS` thread(s) each
+    (:func:`~mha_lib.studies.run_jobs`; in this process with one worker), with a progress bar on stderr.
+    Returns the runs in the order of ``jobs``."""
+    return run_jobs(_job, [(seed, n, name, str(device)) for seed, n, name in jobs], workers=workers,
+                    threads=THREADS, cost=_cost, progress=progress)
 
 
-def save_study(runs: list[Run], path: str | Path = STUDY_FILE, command: str = "") -> Path:
+def save_study(runs: list[Run], path: str | Path = STUDY_FILE, command: str = "", seconds: float | None = None) -> Path:
     """Write the runs as JSON, one run per line, with the configurations, when each history
-    entry was recorded (``"steps"``) and the baselines."""
-    path = Path(path)
+    entry was recorded (``"steps"``), the baselines, the command and (``seconds``) how long it took."""
     names = list(dict.fromkeys(run["config"] for run in runs))
-    header = {"about": {"what": "mha_lib.induction seed study (chapter 08)", "command": command},
-              "configs": {name: CONFIGS[name] for name in names},
+    about: dict[str, Any] = {"what": "mha_lib.induction seed study (chapter 08)", "command": command}
+    if seconds is not None:
+        about["seconds"] = round(seconds)
+    header = {"configs": {name: CONFIGS[name] for name in names},
               "steps": {name: _steps(CONFIGS[name]) for name in names},
               "baselines": {name: {k: round(float(v), 4) for k, v in baselines(CONFIGS[name]).items()}
                             for name in names}}
-    lines = [json.dumps(run, separators=(",", ":")) for run in runs]
-    text = json.dumps(header, indent=1)[:-2] + ',\n "runs": [\n' + ",\n".join(lines) + "\n ]\n}\n"
-    path.write_text(text)
-    return path
+    return _save_study(runs, path, about, header)
 
 
 def _steps(config: dict[str, Any]) -> list[int]:
@@ -126,9 +111,6 @@ def load_study(path: str | Path | None = None) -> Study:
     ``study.config`` holds each configuration by name; ``study.about`` also holds
     ``"steps"`` (when each history entry was recorded) and ``"baselines"``, by configuration.
     """
-    path = Path(path) if path is not None else STUDY_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"no study at {path}; make one with `python -m mha_lib.induction study`")
-    data = json.loads(path.read_text())
+    data = read_study(path, default=STUDY_FILE, make="python -m mha_lib.induction study")
     about = dict(data.get("about", {}), steps=data["steps"], baselines=data["baselines"])
     return Study(runs=data["runs"], config=data["configs"], about=about)

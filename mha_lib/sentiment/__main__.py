@@ -19,21 +19,9 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 
-
-def parse_seeds(text: str) -> list[int]:
-    """``"0-19"`` or ``"0,3,5-7"`` -> a list of seeds."""
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            first, _, last = part.partition("-")
-            seeds += range(int(first), int(last or first) + 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds must look like 0-19 or 0,3,5-7, got {text!r}") from None
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"seeds must be non-negative and at least one, got {text!r}")
-    return list(dict.fromkeys(seeds))
+from ..studies import add_study_arguments
+from ..studies import parse_seeds  # noqa: F401 - its home before mha_lib.studies; tests import it here
 
 
 def parse_list(choices: tuple[str, ...]):
@@ -67,18 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     study = commands.add_parser("study", help="train and measure many independent runs",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    study.add_argument("--seeds", type=parse_seeds, default=None,
-                       help="e.g. 100-104 or 0,3,5-7 (default: each configuration's own, from 0)")
+    add_study_arguments(study, output="sentiment_study.json")
     study.add_argument("--heads", type=parse_heads, default=list(HEADS),
                        help=f"numbers of heads, comma-separated (default: {','.join(map(str, HEADS))})")
     study.add_argument("--no-replicas", action="store_true",
                        help="skip the two-head replicas on the plain C++ kernel path")
     study.add_argument("--parts", type=parse_list(PARTS), default=list(PARTS),
                        help="heads (chapter 07), halves (chapter 12, two heads only); default: both")
-    study.add_argument("--workers", type=int, default=2, help="processes training side by side (default: 2)")
-    study.add_argument("--output", type=Path, default=Path("sentiment_study.json"),
-                       help="the JSON file to write (default: sentiment_study.json here)")
-    study.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the models train")
     return parser
 
 
@@ -93,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     jobs = study_jobs(args.seeds, args.heads, replicas=not args.no_replicas and args.device == "cpu")
     runs = run_study(jobs, args.parts, device=args.device, workers=args.workers)
-    path = save_study(runs, args.output, command="python -m mha_lib.sentiment " + shlex.join(argv))
-    print(f"wrote {len(runs)} runs to {path} in {time.perf_counter() - started:.0f} s")
+    seconds = time.perf_counter() - started
+    path = save_study(runs, args.output, command="python -m mha_lib.sentiment " + shlex.join(argv), seconds=seconds)
+    print(f"wrote {len(runs)} runs to {path} in {seconds:.0f} s")
     return 0
 
 

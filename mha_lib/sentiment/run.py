@@ -35,13 +35,13 @@ Many runs make the study (:mod:`.study`); what the chapters state about them is 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from ..device import seed_everything
+from ..studies import kernel_path
 from .attribution import ABLATIONS, ablated_accuracy, logit_attribution
 from .data import Example, Vocab, make_datasets
 from .model import SentimentClassifier, predict, train_model
@@ -59,18 +59,6 @@ CONFIG: dict[str, Any] = {
     "training": {"epochs": 12, "batch_size": 32, "lr": 5e-3},
 }
 Run = dict[str, Any]
-
-
-def kernel_path(device: torch.device | str = "cpu") -> dict[str, Any]:
-    """What computed a run: ``path`` (``"AVX512"``, ``"DEFAULT"``, ... or ``"CUDA"``), the
-    ``ATEN_CPU_CAPABILITY`` setting, PyTorch's version and the number of CPU threads."""
-    device = torch.device(device)
-    return {
-        "path": "CUDA" if device.type == "cuda" else torch.backends.cpu.get_cpu_capability(),
-        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY") or None,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
 
 
 def _round(x: float) -> float:
