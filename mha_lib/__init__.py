@@ -14,6 +14,7 @@ Each chapter derives a piece and the next chapters import it from here:
 - :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 11, attention at inference)
 - :class:`MultiHeadLatentAttention`, :class:`LatentCache`, :func:`latent_cache_bytes` (chapter 11, latent attention)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
+- :func:`attention_explorer`: every head of a causal model on one text, interactive (chapter 09)
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
 ``import mha_lib`` imports PyTorch and Matplotlib. The learner's commands (``make exercise``,
@@ -24,6 +25,7 @@ from .attention import scaled_dot_product_attention
 from .device import get_device, seed_everything
 from .efficient import EfficientMultiHeadAttention
 from .encoder import EncoderLayer
+from .explorer import attention_explorer
 from .heads import combine_heads, split_heads
 from .inference import KVCache, kv_cache_bytes, repeat_kv
 from .latent import LatentCache, MultiHeadLatentAttention, latent_cache_bytes
@@ -49,6 +51,7 @@ __all__ = [
     "MultiHeadLatentAttention",
     "alibi_bias",
     "apply_rotary",
+    "attention_explorer",
     "causal_mask",
     "combine_heads",
     "get_device",

@@ -244,6 +244,33 @@ def functions() -> Iterator[Case]:
     yield from values("plot_attention", mha_lib.plot_attention, dict(weights=torch.rand(3, 4)), "query_labels",
                       bad=(3, ["a", "b"], "ab cd"), either=(["a", "b", "c"], ("a", "b", "c"), "abc"))  # one per character
     yield from sdpa_cases(randn)
+    yield from explorer_cases(randn)
+
+
+def explorer_cases(randn: Callable[..., torch.Tensor]) -> Iterator[Case]:
+    """attention_explorer: tokens, one (H, L, L) tensor of causal weights per layer, a title."""
+    explore = mha_lib.attention_explorer
+    w = randn(2, 3, 3).masked_fill(~mha_lib.causal_mask(3), -INF).softmax(-1)  # (H, L, L), causal
+    base = dict(tokens=["a", "b", "c"], weights=[w, w])
+    expected = explore(**base).data()
+
+    def case(name: str, value: Any, expect: str) -> Case:
+        return Case(f"attention_explorer({name}={_short(value)})", partial(explore, **{**base, name: value}), expect,
+                    (name,), lambda r: r.data() == expected)
+
+    for tokens in (None, 3, "abc", ["a", "b"], [1, 2, 3], ["a", "b", None], [], ["a"] * 513):
+        yield case("tokens", tokens, "bad")
+    for tokens in (("a", "b", "c"), [np.str_("a"), "b", "c"]):
+        yield case("tokens", tokens, "valid")
+    for weights in (None, w, [], [w.tolist()], [w.long()], [w.bool()], [w[0]], [w[None].expand(2, 2, 3, 3)],
+                    [w[:, :2, :2]], [w, w[:1]], [w.mT], [w * 2], [w * NAN], [w - 0.5], [randn(2, 3, 3)]):
+        yield case("weights", weights, "bad")
+    for weights in ((w, w), [w[None], w], [w.numpy(), w.double()], [w.clone().requires_grad_(), w]):
+        yield case("weights", weights, "valid")
+    for title in (3, b"t", ["t"]):
+        yield case("title", title, "bad")
+    yield Case("attention_explorer(title='t')", partial(explore, **base, title="t"), "valid", ("title",),
+               lambda r: r.data() == expected and r.title == "t")
 
 
 def sdpa_cases(randn: Callable[..., torch.Tensor]) -> Iterator[Case]:
