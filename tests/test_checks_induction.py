@@ -163,7 +163,8 @@ def test_repeated_segment_batch_refuses_more():
     expect_fail(checks.check_repeated_segment_batch(
         lambda B, L, V, seg, generator: (lambda b: (b.tokens, b.predictable))(
             repeated_segments(B, L, V, seg, generator=generator))), "course's own answer")
-    expect_fail(checks.check_repeated_segment_batch(lambda *a, **k: segment_batch(*a, **k)[::-1]), "torch.long")
+    expect_fail(checks.check_repeated_segment_batch(lambda *a, **k: segment_batch(*a, **k)[::-1]), "pair is swapped",
+                "return tokens, predictable")
     expect_fail(checks.check_repeated_segment_batch(lambda *a, **k: tuple(x.T for x in segment_batch(*a, **k))),
                 "batch and positions swapped")
 

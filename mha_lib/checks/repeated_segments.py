@@ -117,6 +117,11 @@ def _batch_from(fn: Callable[..., Any], B: int, L: int, V: int, segment: tuple[i
     if isinstance(tokens, Tensor) and tokens.dim() == 2 and tokens.shape == (L, B) and L != B:
         raise fail(f"tokens have shape {(L, B)} {where}, expected {(B, L)}: batch and positions swapped",
                    "One row per sequence: tokens are (batch_size, seq_len).")
+    if isinstance(tokens, Tensor) and isinstance(predictable, Tensor) and tokens.dtype == torch.bool \
+            and not predictable.is_floating_point() and predictable.dtype != torch.bool:
+        raise fail(f"your function {where} returned (predictable, tokens): the first tensor is a bool mask and the "
+                   f"second holds {predictable.dtype} ids, the pair is swapped",
+                   "Return them in the order of the exercise: return tokens, predictable.")
     tokens = expect_tensor(tokens, f"the tokens {where}", (B, L), dtype="any", explain=" (batch_size, seq_len)")
     if tokens.dtype != torch.long:
         raise fail(f"the tokens {where} have dtype {tokens.dtype}; expected token ids as torch.long (int64)",
@@ -144,8 +149,8 @@ def _structure(tokens: Tensor, predictable: Tensor, segment: tuple[int, int], wh
     rows_t, rows_m = tokens.tolist(), predictable.tolist()
     empty = [b for b, m in enumerate(rows_m) if not any(m)]
     if empty:
-        some = "no row" if len(empty) == len(rows_m) else f"row {empty[0]}"
-        raise fail(f"{where}: {some} has a token marked predictable",
+        some = "no row has a token" if len(empty) == len(rows_m) else f"row {empty[0]} has no token"
+        raise fail(f"{where}: {some} marked predictable",
                    "predictable is True at the second copy's tokens except its first: second + 1 ... second + n - 1.")
     found = [_claim(t, m, lambda a, b: (a - 1, b - a + 2)) for t, m in zip(rows_t, rows_m)]
     if all(found):
@@ -163,6 +168,15 @@ def _structure(tokens: Tensor, predictable: Tensor, segment: tuple[int, int], wh
         raise fail(f"{where}: the two copies overlap in row {b} (the segment of {n} tokens starts at {f}, its copy "
                    f"at {s}, before the first one has ended)",
                    "Draw second after the first copy ends: second in [first + n, seq_len - n]. " + BATCH_DEFINITION)
+    short = [_claim(t, m, lambda a, b: (a - 1, b - a + 1)) for t, m in zip(rows_t, rows_m)]
+    if all(short) and all(lo <= e - a + 2 <= hi for m in rows_m for a, e in _runs(m)):
+        b = next(i for i, x in enumerate(found) if x is None)
+        f, s, n = short[b]  # type: ignore[misc]
+        raise fail(f"{where}: the copy is one token short: in row {b} the mask marks a segment of {n + 1} tokens "
+                   f"(positions {s + 1} to {s + n}, after the copy's first token {s}), but only {n} tokens were "
+                   f"copied (from {f}); position {s + n} is not a copy of {f + n}",
+                   "Copy all n tokens: tokens[b, second:second + n] = tokens[b, first:first + n] (the end of a slice "
+                   "is excluded, so second + n, not second + n - 1). " + BATCH_DEFINITION)
     for name, claim, hint in MASK_MISTAKES:
         if all(_claim(t, m, claim) for t, m in zip(rows_t, rows_m)):
             raise fail(f"{where}: predictable is wrong: {name}", hint)
@@ -213,6 +227,12 @@ def check_repeated_segment_batch(fn: Callable[..., Any]) -> CheckResult:
             if first_batch is None:
                 first_batch = (tokens, predictable)
                 lengths = {n for _, _, n in found}
+                if len(lengths) == 1 and segment[0] < segment[1]:
+                    raise fail(f"{where}: every one of the {B} rows repeats a segment of {lengths.pop()} tokens: it "
+                               "looks like one length n was drawn for the whole batch",
+                               "Draw n per row (inside the loop over the rows, or a tensor of batch_size lengths: "
+                               "segment[0] + torch.randint(segment[1] - segment[0] + 1, (batch_size,), "
+                               "generator=generator)).")
                 if max(lengths) < segment[1] or min(lengths) > segment[0]:
                     end = (f"the longest length, segment[1] = {segment[1]}" if max(lengths) < segment[1]
                            else f"the shortest length, segment[0] = {segment[0]}")
