@@ -641,7 +641,8 @@ def test_head_ablation_check():
 
 
 def fuse(mha, order=("W_q", "W_k", "W_v"), bias=True):
-    layer = nn.Linear(mha.d_model, 3 * mha.d_model, bias=bias)
+    w = mha.W_q.weight
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model, bias=bias, device=w.device, dtype=w.dtype)
     with torch.no_grad():
         layer.weight.copy_(torch.cat([getattr(mha, n).weight for n in order]))
         if bias:
@@ -651,7 +652,7 @@ def fuse(mha, order=("W_q", "W_k", "W_v"), bias=True):
 
 def fuse_by_state_dict(mha):
     parts = (mha.W_q, mha.W_k, mha.W_v)
-    layer = nn.Linear(mha.d_model, 3 * mha.d_model)
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model).to(mha.W_q.weight)  # the module's device and dtype
     layer.load_state_dict({"weight": torch.cat([p.weight for p in parts]).detach(),
                            "bias": torch.cat([p.bias for p in parts]).detach()})
     return layer

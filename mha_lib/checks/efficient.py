@@ -15,8 +15,12 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from ..multi_head import MultiHeadAttention
+from ._circuits import call_leaving_model_alone
 from ._core import (
+    ERROR,
     CheckResult,
+    Verdict,
+    describe_error,
     call,
     check_device_care,
     check_unchanged,
@@ -35,40 +39,91 @@ from .reference import attend, linear, projections
 from .attention import SCALE_HINT
 
 
+FUSED_DEVICE_HINT = ("Create the layer on the module's device and in its dtype: weight = mha.W_q.weight; "
+                     "nn.Linear(mha.d_model, 3 * mha.d_model, device=weight.device, dtype=weight.dtype). "
+                     "nn.Linear(D, 3 * D) alone is float32 on the CPU: a float64 module's inputs then meet float32 "
+                     "weights, and a module on the GPU meets a layer on the CPU, and both raise.")
+
+
+def _fused_verdict(fused: Any, D: int) -> nn.Linear:
+    if isinstance(fused, Tensor):
+        raise fail("your function returned a tensor; expected an nn.Linear(d_model, 3 * d_model)",
+                   "Create the layer, then copy the stacked weights and biases into it.")
+    if not isinstance(fused, nn.Linear):
+        raise fail(f"your function returned a {type(fused).__name__}; expected an nn.Linear")
+    if (fused.in_features, fused.out_features) != (D, 3 * D):
+        raise fail(f"the layer is nn.Linear({fused.in_features}, {fused.out_features}), "
+                   f"expected nn.Linear({D}, {3 * D})")
+    return fused
+
+
 def check_fused_projection(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
     """Check ``fn(mha) -> nn.Linear(d_model, 3 * d_model)`` whose output, cut into three
-    along the last axis, is ``(W_q(x), W_k(x), W_v(x))``."""
+    along the last axis, is ``(W_q(x), W_k(x), W_v(x))``; the layer is made on the module's device and
+    in its dtype; the module is handed over in training mode with gradients on and must come back as it was,
+    and the function is called again after the module's weights change."""
 
     def body() -> str:
-        for D, H, seed in [(8, 2, 51), (12, 3, 52)]:
-            mha = MultiHeadAttention(D, H).double().eval()
-            w = projections(mha, gen(seed))
-            fused = call(fn, mha, what="your function")
-            if isinstance(fused, Tensor):
-                raise fail("your function returned a tensor; expected an nn.Linear(d_model, 3 * d_model)",
-                           "Create the layer, then copy the stacked weights and biases into it.")
-            if not isinstance(fused, nn.Linear):
-                raise fail(f"your function returned a {type(fused).__name__}; expected an nn.Linear")
-            if (fused.in_features, fused.out_features) != (D, 3 * D):
-                raise fail(f"the layer is nn.Linear({fused.in_features}, {fused.out_features}), "
-                           f"expected nn.Linear({D}, {3 * D})")
-            x = randn(gen(seed + 1), 2, 4, D)
+        ran = 0
+        configs = [(8, 2, 51, torch.float64, True), (12, 3, 52, torch.float32, False), (8, 2, 53, torch.float64, True)]
+        shared: MultiHeadAttention | None = None
+        for D, H, seed, dtype, training in configs:
+            if shared is not None and D == shared.d_model:  # the same module again, its weights changed
+                mha = shared
+                label = f"d_model={D}, {H} heads, the first module again after its weights changed"
+            else:
+                torch.manual_seed(seed)
+                mha = MultiHeadAttention(D, H).to(dtype).train(training)
+                if shared is None:
+                    shared = mha
+                    witness = mha.register_forward_pre_hook(lambda module, args: None)  # a hook of its own
+                label = f"d_model={D}, {H} heads, {str(dtype).replace('torch.', '')}, " + (
+                    "training mode" if training else "evaluation mode")
+            projections(mha, gen(seed))  # new weights, written into mha; the reference reads them back
+            w = {n: (getattr(mha, n).weight.detach().double(), getattr(mha, n).bias.detach().double())
+                 for n in ("W_q", "W_k", "W_v")}
+            fused = _fused_verdict(call_leaving_model_alone(fn, mha, what=f"your function ({label})"), D)
+            ran += 1
+            if fused.weight.dtype != dtype or (fused.bias is not None and fused.bias.dtype != dtype):
+                raise fail(f"the layer is {fused.weight.dtype}, the module {dtype} ({label}): it was not made in "
+                           "the module's dtype", FUSED_DEVICE_HINT)
+            x = randn(gen(seed + 1), 2, 4, D, dtype=dtype)
             with torch.no_grad():
-                y = fused.double()(x)  # (B, L, 3D)
+                y = fused(x)  # (B, L, 3D), compared at the module's precision
+            x = x.double()
             q, k, v = (linear(w[n], x) for n in ("W_q", "W_k", "W_v"))
             if not close(y, torch.cat([q, k, v], dim=-1)):
                 chunks = y.split(D, dim=-1)
                 wb = fused.bias is None or not close(fused.bias.double(), torch.cat([w[n][1] for n in ("W_q", "W_k", "W_v")]))
                 if {i for i, c in enumerate(chunks) for t in (q, k, v) if close(c, t)} == {0, 1, 2}:
-                    raise fail("the three projections are in the wrong order",
+                    raise fail(f"the three projections are in the wrong order ({label})",
                                "Stack them as queries, keys, values: torch.cat([W_q.weight, W_k.weight, W_v.weight]).")
                 nobias = [x @ w[n][0].T for n in ("W_q", "W_k", "W_v")]
-                if wb and close(y, torch.cat(nobias, dim=-1) + (0 if fused.bias is None else fused.bias.double())):
-                    raise fail("the weights are right but the biases are not",
+                if wb and close(y, torch.cat(nobias, dim=-1) + (0 if fused.bias is None else fused.bias.detach().double())):
+                    raise fail(f"the weights are right but the biases are not ({label})",
                                "Stack the biases too: torch.cat([W_q.bias, W_k.bias, W_v.bias]).")
-                raise fail("the fused output doesn't equal (W_q(x), W_k(x), W_v(x))",
+                if shared is mha and ran > 1:
+                    raise fail(f"the fused output is that of the module's old weights ({label}): your function "
+                               "returned a layer made on an earlier call",
+                               "Build a new layer from the module's current weights on every call: cache nothing.")
+                raise fail(f"the fused output doesn't equal (W_q(x), W_k(x), W_v(x)) ({label})",
                            "nn.Linear.weight is (out_features, in_features): stack the three weights along dim 0.")
-        return "its output is (W_q(x), W_k(x), W_v(x)) for 2 configurations"
+        witness.remove()
+        torch.manual_seed(54)
+        there = on_meta(MultiHeadAttention(8, 2).train())
+        try:
+            fused = fn(there)
+        except Exception as error:  # noqa: BLE001 - right on the CPU, so it is the device that fails
+            what = "your function (a module on device 'meta', which holds shapes but no numbers, in place of a GPU)"
+            line = (f"{what} raised {type(error).__name__}: {str(error).strip()}: it copies the module's weights into "
+                    "a layer made on the CPU" if "meta" in str(error) else describe_error(error, what).message)
+            raise Verdict(ERROR, f"{line} (right on the CPU: it is the device that fails)", FUSED_DEVICE_HINT) from None
+        fused = _fused_verdict(fused, 8)
+        if fused.weight.device != there.W_q.weight.device:
+            raise fail(f"for a module on another device (meta, in place of a GPU) the layer is on {fused.weight.device}",
+                       FUSED_DEVICE_HINT)
+        return (f"its output is (W_q(x), W_k(x), W_v(x)) on {ran} calls (float64 and float32, one module again after "
+                "its weights changed), on another device, and the modules are left as they were")
 
     return run_check("fused projection", body)
 
@@ -118,6 +173,19 @@ def _blockwise_reads(fn: Callable[..., Any]) -> None:
                    "block at a time (key[..., start:start + block_size, :]) and keep a running maximum, sum and "
                    "output per query. A maximum over the whole score matrix, taken first, needs all of it too.")
     sizes = [min(block, Lk - start) for start in range(0, Lk, block)]  # 3, 3, 3, 2
+    blocks, whole = len(sizes), Lk // block * block  # 4 blocks; 9 keys in full blocks
+    for shape in recorder.shapes:  # the batch axis (2) first; none of the right answer's shapes holds 4, 9 or 12
+        dims = shape[1:]
+        if Lq in dims and ((blocks in dims and any(s in dims for s in sizes))
+                           or any(n in dims for n in (blocks * block, whole))):
+            raise fail(f"it is not blockwise: with Lq={Lq} queries and Lk={Lk} keys in {blocks} blocks of {block}, "
+                       f"your function computed a tensor of shape {shape}, the scores of several blocks (or of all "
+                       "the keys, padded or cut to whole blocks) at once: it looks like the keys were reshaped into "
+                       "blocks and every block's scores computed in one product",
+                       "Reshaping the keys to (..., n_blocks, block_size, d_k) and multiplying once still holds all "
+                       "the (Lq, Lk) scores. Loop over the blocks, for start in range(0, Lk, block_size), and compute "
+                       "only that block's scores, query @ key[..., start:start + block_size, :].transpose(-2, -1), "
+                       "updating the running maximum, sum and output after each.")
     scores = [shape for shape in recorder.products if len(shape) >= 2 and shape[-2] == Lq and shape[-1] in sizes]
     if len(scores) >= 2 * len(sizes):
         times = {2: "twice", 3: "three times"}.get(len(scores) // len(sizes), f"{len(scores) // len(sizes)} times")
@@ -255,7 +323,7 @@ def check_blockwise_attention(fn: Callable[..., Any]) -> CheckResult:
         check_device_care(fn, *(on_meta(randn(g, 2, n, 4)) for n in (3, 7, 7)), 3, what="your function",
                           hint="Make the running maximum, sum and output on the query's device: "
                                "torch.full(..., float('-inf'), device=query.device), torch.zeros(..., device=query.device).")
-        return (f"equals softmax attention on {len(cases)} cases (blocks that don't divide Lk included), "
-                "and on another device")
+        return (f"equals softmax attention on {len(cases) + 3} cases (blocks that don't divide Lk included, "
+                "float32 scores near ±100), one block at a time, and on another device")
 
     return run_check("blockwise attention", body)

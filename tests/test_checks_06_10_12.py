@@ -1,0 +1,181 @@
+"""Named mistakes of the checks of exercises 6.3, 10.1, 10.2, 11.4, 12.1 and 12.2 (issue 34): each wrong
+answer fails with its own hint, and the right answers written in other ways keep passing."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mha_lib import checks
+
+from conftest import expect_fail, expect_pass
+
+
+# ------------------------------------------------------------------ 6.3: ALiBi's slopes
+
+
+def _bias(slopes, L, device):
+    pos = torch.arange(L, device=device)
+    return -torch.tensor(slopes, device=device)[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+
+
+def _recipe(H):
+    n = 2 ** (H.bit_length() - 1)
+    return [2 ** (-8 * (h + 1) / n) for h in range(n)] + [2 ** (-8 * (h + 1) / (2 * n)) for h in range(2 * n)][0::2][: H - n]
+
+
+def alibi_reads_slopes_back(num_heads, seq_len, device=None):
+    m = torch.tensor(_recipe(num_heads), device=device)
+    assert len(m.tolist()) == num_heads  # reads numbers back: fine on a GPU, impossible on the meta device
+    pos = torch.arange(seq_len, device=device)
+    return -m[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+
+
+def alibi_next_power_of_two(num_heads, seq_len, device=None):
+    n = 1
+    while n < num_heads:
+        n *= 2
+    return _bias([2 ** (-8 * (h + 1) / n) for h in range(n)][:num_heads], seq_len, device)
+
+
+def alibi_repeated_slopes(num_heads, seq_len, device=None):
+    n = 2 ** (num_heads.bit_length() - 1)
+    own = [2 ** (-8 * (h + 1) / n) for h in range(n)]
+    return _bias((own * 2)[:num_heads][::-1] if num_heads != n else own, seq_len, device)
+
+
+def alibi_sorted(num_heads, seq_len, device=None):
+    return _bias(sorted(_recipe(num_heads), reverse=True), seq_len, device)
+
+
+def test_alibi_device_careful_answer_that_reads_numbers_back_passes():
+    result = checks.check_alibi_bias(alibi_reads_slopes_back)
+    expect_pass(result)
+    assert "correct on 8 cases" in str(result) and "reads numbers back" in str(result)
+
+
+def test_alibi_slopes_of_another_count_are_not_told_wrong_order():
+    for fn in (alibi_next_power_of_two, alibi_repeated_slopes):
+        result = checks.check_alibi_bias(fn)
+        assert not result and "wrong order" not in str(result), result
+    expect_fail(checks.check_alibi_bias(alibi_repeated_slopes), "different slopes", "repeat")
+    expect_fail(checks.check_alibi_bias(alibi_sorted), "wrong order", "steep to flat")
+
+
+# ------------------------------------------------------------------ 10.1: the fused projection
+
+
+def fuse_right(mha):
+    w = mha.W_q.weight
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+        layer.bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+    return layer
+
+
+def fuse_as_parameters(mha):
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model).to(mha.W_q.weight)
+    layer.weight = nn.Parameter(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]).detach().clone())
+    layer.bias = nn.Parameter(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]).detach().clone())
+    return layer
+
+
+def fuse_float32(mha):
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model)
+    with torch.no_grad():
+        layer.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+        layer.bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+    return layer
+
+
+def fuse_on_the_cpu(mha):
+    layer = nn.Linear(mha.d_model, 3 * mha.d_model, dtype=mha.W_q.weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+        layer.bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+    return layer
+
+
+def make_cached_fuse():
+    cache = {}
+
+    def fuse(mha):
+        if mha.d_model not in cache:
+            cache[mha.d_model] = fuse_right(mha)
+        return cache[mha.d_model]
+    return fuse
+
+
+def fuse_in_eval_mode(mha):
+    mha.eval()
+    return fuse_right(mha)
+
+
+def fuse_freezing(mha):
+    for p in mha.parameters():
+        p.requires_grad_(False)
+    return fuse_right(mha)
+
+
+def fuse_clearing_hooks(mha):
+    mha._forward_pre_hooks.clear()
+    return fuse_right(mha)
+
+
+def test_fused_projection_right_answers_pass():
+    for fn in (fuse_right, fuse_as_parameters):
+        result = checks.check_fused_projection(fn)
+        expect_pass(result)
+        assert "on 3 calls" in str(result)
+
+
+def test_fused_projection_names_each_slip():
+    expect_fail(checks.check_fused_projection(fuse_float32), "not made in the module's dtype", "dtype=")
+    expect_fail(checks.check_fused_projection(fuse_on_the_cpu), "made on the cpu", "device=", status="error")
+    expect_fail(checks.check_fused_projection(make_cached_fuse()), "old weights", "cache nothing")
+    expect_fail(checks.check_fused_projection(fuse_in_eval_mode), "changed the mode", "model.train(was_training)")
+    expect_fail(checks.check_fused_projection(fuse_freezing), "requires_grad")
+    expect_fail(checks.check_fused_projection(fuse_clearing_hooks), "removed a hook")
+
+
+# ------------------------------------------------------------------ 10.2: one block at a time
+
+
+def blockwise_by_broadcasting(query, key, value, block_size):
+    scale = 1 / math.sqrt(query.size(-1))
+    m = torch.full((*query.shape[:-1], 1), float("-inf"), dtype=query.dtype, device=query.device)
+    total = torch.zeros_like(m)
+    out = torch.zeros(*query.shape[:-1], value.size(-1), dtype=query.dtype, device=query.device)
+    for start in range(0, key.size(-2), block_size):
+        k_block, v_block = key[..., start:start + block_size, :], value[..., start:start + block_size, :]
+        scores = (query[..., :, None, :] * k_block[..., None, :, :]).sum(-1) * scale  # one block, by hand
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p, factor = torch.exp(scores - m_new), torch.exp(m - m_new)
+        total, out, m = total * factor + p.sum(-1, keepdim=True), out * factor + p @ v_block, m_new
+    return out / total
+
+
+def blockwise_in_one_reshaped_product(query, key, value, block_size):
+    Lk = key.size(-2)
+    n = -(-Lk // block_size)
+    k = F.pad(key, (0, 0, 0, n * block_size - Lk))
+    v = F.pad(value, (0, 0, 0, n * block_size - Lk))
+    k_blocks = k.reshape(*k.shape[:-2], n, block_size, k.size(-1))  # (..., n, b, d_k)
+    v_blocks = v.reshape(*v.shape[:-2], n, block_size, v.size(-1))
+    scores = query.unsqueeze(-3) @ k_blocks.transpose(-2, -1) / math.sqrt(query.size(-1))  # (..., n, Lq, b)
+    real = torch.arange(n * block_size, device=key.device).reshape(n, 1, block_size) < Lk
+    scores = scores.masked_fill(~real, float("-inf"))
+    p = torch.exp(scores - scores.amax(-1, keepdim=True).amax(-3, keepdim=True))
+    return (p @ v_blocks).sum(-3) / p.sum(-1, keepdim=True).sum(-3)
+
+
+def test_blockwise_blocks_in_one_reshaped_product_are_named():
+    result = checks.check_blockwise_attention(blockwise_by_broadcasting)
+    expect_pass(result)
+    assert "on 7 cases" in str(result)
+    expect_fail(checks.check_blockwise_attention(blockwise_in_one_reshaped_product), "not blockwise",
+                "several blocks", "reshaped", "loop over the blocks")
