@@ -62,3 +62,112 @@ def test_repeated_segment_batch_says_how_many_batches_ran():
     result = checks.check_repeated_segment_batch(segment_batch)
     expect_pass(result)
     assert "in 4 batch sizes" in str(result), result
+
+
+# ------------------------------------------------------------------ 7.2 silence one head
+
+import mha_lib  # noqa: E402
+from test_checks import ablate_by_hand, ablate_with_hook  # noqa: E402
+
+
+def _heads(mha, x, zero_q=None):
+    q, k, v = (mha_lib.split_heads(f(x), mha.num_heads) for f in (mha.W_q, mha.W_k, mha.W_v))
+    if zero_q is not None:
+        q = q.clone()
+        q[:, zero_q] = 0
+    return mha_lib.scaled_dot_product_attention(q, k, v)[0]  # (B, H, L, d_k)
+
+
+def zeroed_queries(mha, x, head):
+    return mha.W_o(mha_lib.combine_heads(_heads(mha, x, zero_q=head)))
+
+
+def batch_axis(mha, x, head):
+    heads = _heads(mha, x).clone()
+    heads[head] = 0
+    return mha.W_o(mha_lib.combine_heads(heads))
+
+
+def position_axis(mha, x, head):
+    heads = _heads(mha, x).clone()
+    heads[:, :, head] = 0
+    return mha.W_o(mha_lib.combine_heads(heads))
+
+
+def hook_never_removed(mha, x, head):
+    def zero(module, args):
+        concat = args[0].clone()
+        concat[..., head * mha.d_k:(head + 1) * mha.d_k] = 0
+        return (concat,)
+
+    mha.W_o.register_forward_pre_hook(zero)
+    return mha(x, x, x)
+
+
+def leaves_eval_mode(mha, x, head):
+    mha.eval()
+    return ablate_by_hand(mha, x, head)
+
+
+def switches_off_requires_grad(mha, x, head):
+    for p in mha.parameters():
+        p.requires_grad_(False)
+    return ablate_by_hand(mha, x, head)
+
+
+_by_head = {}
+
+
+def cached_on_the_head(mha, x, head):  # keyed on the module and the head, not on the input
+    key = (id(mha), head)
+    if key not in _by_head:
+        _by_head[key] = ablate_by_hand(mha, x, head)
+    return _by_head[key]
+
+
+_by_shape = {}
+
+
+def cached_on_the_input_shape(mha, x, head):  # keyed on the input's shape and the head: stale after the weights change
+    key = (id(mha), tuple(x.shape), head)
+    if key not in _by_shape:
+        _by_shape[key] = ablate_by_hand(mha, x, head)
+    return _by_shape[key]
+
+
+def right_in_float64_only(mha, x, head):
+    return ablate_by_hand(mha.double(), x.double(), head)
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (zeroed_queries, ("queries were zeroed instead of its output",)),
+    (batch_axis, ("wrong axis", "a sequence of the batch", "heads[:, h] = 0")),
+    (position_axis, ("wrong axis", "a position", "heads[:, h] = 0")),
+    (hook_never_removed, ("left a hook registered", "handle.remove()")),
+    (leaves_eval_mode, ("changed the mode", "training mode", "model.train(was_training)")),
+    (switches_off_requires_grad, ("changed requires_grad", "torch.no_grad()")),
+    (cached_on_the_head, ("shape", "of an earlier call's", "keep nothing from one call to the next")),
+    (cached_on_the_input_shape, ("earlier call's result came back", "keep nothing from one call to the next")),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_head_ablation_names_the_mistake(fn, words):
+    _by_head.clear()
+    _by_shape.clear()
+    expect_fail(checks.check_head_ablation(fn), *words)
+
+
+def test_head_ablation_passes_right_answers_and_says_where_a_wrong_one_differs():
+    expect_pass(checks.check_head_ablation(ablate_by_hand))
+    expect_pass(checks.check_head_ablation(ablate_with_hook))
+
+    def silence_by_hook_on_w_o_twice(mha, x, head):  # right: the hook removed by a `with`-like try/finally
+        return ablate_with_hook(mha, x, head)
+
+    expect_pass(checks.check_head_ablation(silence_by_hook_on_w_o_twice))
+    result = checks.check_head_ablation(lambda mha, x, head: ablate_by_hand(mha, x, head) * 1.01)
+    expect_fail(result, "wrong output", "every position differs")
+    expect_fail(checks.check_head_ablation(right_in_float64_only), "changed the module's dtype", "torch.float32")
+
+    def float64_output(mha, x, head):
+        return ablate_by_hand(mha, x, head).double()
+
+    expect_fail(checks.check_head_ablation(float64_output), "dtype torch.float64", "torch.float32")

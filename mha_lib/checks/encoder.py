@@ -15,9 +15,10 @@ from torch import Tensor, nn
 from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
-from ._core import (CheckResult, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor, fail, gen,
-                    on_meta, randn, run_check)
-from .reference import linear, multi_head, projections
+from ._core import (CheckResult, Verdict, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor,
+                    fail, gen, on_meta, randn, run_check)
+from ._sentiment import call_leaving_model_alone
+from .reference import projections
 
 
 def _randomize(module: nn.Module, g: torch.Generator) -> None:
@@ -122,59 +123,169 @@ def check_encoder_layer(cls: Any) -> CheckResult:
     return run_check("encoder layer", body)
 
 
+HEAD_ABLATION_DEFINITION = ("Run the module's steps yourself (or use a forward pre-hook on W_o) and zero head h's "
+                            "output, features [h*d_k, (h+1)*d_k) of the concatenated heads, before W_o.")
+HOOK_LEFT = ("your function left a hook registered on the module: every later call still silences a head (a second "
+             "call then silences two)")
+
+
+def _head_outputs(mha: nn.Module, x: Tensor, *, zero_q: int | None = None, zero_k: int | None = None) -> Tensor:
+    """``(B, H, L, d_k)``: each head's output, computed from the module's own layers (float64 inputs)."""
+    H = mha.num_heads
+    q, k, v = (mha_heads.split_heads(layer(x), H) for layer in (mha.W_q, mha.W_k, mha.W_v))
+    if zero_q is not None:
+        q = q.clone()
+        q[:, zero_q] = 0
+    if zero_k is not None:
+        k = k.clone()
+        k[:, zero_k] = 0
+    weights = (q @ k.transpose(-2, -1) / q.size(-1) ** 0.5).softmax(-1)
+    return weights @ v
+
+
+def _silenced(mha: nn.Module, x: Tensor, head: int) -> Tensor:
+    heads = _head_outputs(mha, x).clone()
+    heads[:, head] = 0
+    return mha.W_o(mha_heads.combine_heads(heads))
+
+
+def _head_ablation_mistakes(mha: nn.Module, x: Tensor, head: int, earlier: list[tuple[Tensor, str]]) -> list[Any]:
+    H, d_k = mha.num_heads, mha.d_k
+    heads = _head_outputs(mha, x)  # (B, H, L, d_k)
+    concat = mha_heads.combine_heads(heads)  # (B, L, D)
+    full = mha.W_o(concat)
+
+    def out_with(change: Callable[[Tensor], None], of: Tensor = concat) -> Tensor:
+        c = of.clone()
+        change(c)
+        return mha.W_o(c)
+
+    def zeroed(index: Any) -> Callable[[Tensor], None]:
+        def change(c: Tensor) -> None:
+            c[index] = 0
+        return change
+
+    def zero_after_w_o() -> Tensor:
+        y = full.clone()
+        y[..., head * d_k:(head + 1) * d_k] = 0
+        return y
+
+    def on_heads(index: Any) -> Tensor:
+        h = heads.clone()
+        h[index] = 0
+        return mha.W_o(mha_heads.combine_heads(h))
+
+    return [
+        ("nothing was silenced", lambda: full, "Zero head h's features [h*d_k, (h+1)*d_k) before W_o."),
+        ("the head's queries were zeroed instead of its output (a head without queries still attends, "
+         "uniformly, and still writes)",
+         lambda: mha.W_o(mha_heads.combine_heads(_head_outputs(mha, x, zero_q=head))),
+         "Zero what the head *writes*, its output after the attention (or its values), not its queries: "
+         "heads[:, h] = 0 on the (B, H, L, d_k) outputs, before combine_heads and W_o."),
+        ("the head's keys were zeroed instead of its output (it then attends uniformly, and still writes)",
+         lambda: mha.W_o(mha_heads.combine_heads(_head_outputs(mha, x, zero_k=head))),
+         "Zero what the head *writes*, its output after the attention, not its keys: heads[:, h] = 0."),
+        ("the slice was zeroed after W_o", zero_after_w_o,
+         "W_o mixes the heads: zero the head's slice *before* the output projection."),
+        ("another head was silenced", lambda: [_silenced(mha, x, h) for h in range(H) if h != head],
+         "Head h owns the features [h*d_k, (h+1)*d_k)."),
+        ("the wrong axis was zeroed: a sequence of the batch (heads[h], axis 0) instead of a head (axis 1)",
+         lambda: on_heads((head,)), "The outputs are (B, H, L, d_k): the head axis is 1, heads[:, h] = 0."),
+        ("the wrong axis was zeroed: a position (heads[:, :, h], axis 2) instead of a head (axis 1)",
+         lambda: on_heads((slice(None), slice(None), head)),
+         "The outputs are (B, H, L, d_k): the head axis is 1, heads[:, h] = 0."),
+        ("the wrong axis was zeroed: feature h of each head (heads[..., h], the last axis) instead of a head",
+         lambda: on_heads((..., head)), "The outputs are (B, H, L, d_k): the head axis is 1, heads[:, h] = 0."),
+        ("one feature was zeroed (concat[..., h]) instead of the head's d_k features",
+         lambda: out_with(zeroed((..., head))),
+         "Head h owns d_k features of the concatenation: concat[..., h*d_k:(h+1)*d_k] = 0."),
+        ("the head's features were taken as interleaved (features h, h + H, ...) instead of side by side",
+         lambda: out_with(zeroed((..., slice(head, None, H)))),
+         "combine_heads puts the heads side by side: head h owns features [h*d_k, (h+1)*d_k)."),
+        ("a position of the concatenated heads was zeroed (concat[:, h]) instead of the head's features",
+         lambda: out_with(zeroed((slice(None), head))),
+         "The concatenated heads are (B, L, H*d_k): the head's slice is on the last axis, concat[..., h*d_k:(h+1)*d_k]."),
+        ("the head's output was zeroed at the first position only",
+         lambda: on_heads((slice(None), head, 0)), "Zero the head at every position: heads[:, h] = 0."),
+        ("an earlier call's result came back (a result kept from call to call: the module's weights or the input "
+         "changed since)", lambda: [t for t, _ in earlier],
+         "Keep nothing from one call to the next: compute from this call's module and input, every time."),
+    ]
+
+
 def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(mha, x, head) -> output``: self-attention of ``x (B, L, d_model)``
-    through ``mha`` with head ``head``'s output set to zero just before ``W_o``."""
+    through ``mha`` with head ``head``'s output set to zero just before ``W_o``, in ``x``'s dtype;
+    the module left as it was found (mode, ``requires_grad``, hooks, weights)."""
 
     def body() -> str:
         g = gen(42)
-        D, H = 12, 3
-        mha = MultiHeadAttention(D, H).double().eval()
-        w = projections(mha, g)
-        x = randn(g, 2, 5, D)
-        d_k = D // H
-
-        def silenced(h: int) -> Tensor:
-            concat = multi_head(w, x, x, x, None, H, out_proj=False)[0]  # (B, L, D) before W_o
-            concat = concat.clone()
-            concat[..., h * d_k:(h + 1) * d_k] = 0
-            return linear(w["W_o"], concat)
-
-        for head in range(H):
-            (arg,) = cloned(x)
-            before = {n: p.detach().clone() for n, p in mha.named_parameters()}
-            with torch.no_grad():
-                out = call(fn, mha, arg, head, what=f"your function (head={head})",
-                           forbidden=[mha_heads.silence_heads.__wrapped__])
-            check_unchanged(["x"], [x], [arg], "your function")
-            if any(not torch.equal(p, before[n]) for n, p in mha.named_parameters()):
-                raise fail("your function changed the module's weights",
-                           "Silence the head on the way through (zero its slice of the concatenated heads), "
-                           "leaving the weights as they are.")
-            if isinstance(out, (tuple, list)) and len(out) == 2:
-                out = out[0]
-            out = expect_tensor(out, f"the output for head={head}", x.shape, explain=" (B, L, d_model)")
-            if not close(out, silenced(head)):
-                full = multi_head(w, x, x, x, None, H)[0]
-
-                def zero_after_w_o() -> Tensor:
-                    y = full.clone()
-                    y[..., head * d_k:(head + 1) * d_k] = 0
-                    return y
-
-                others = [silenced(h) for h in range(H) if h != head]
-                raise diagnose(out, [
-                    ("nothing was silenced", lambda: full, "Zero head h's features [h*d_k, (h+1)*d_k) before W_o."),
-                    ("the slice was zeroed after W_o", zero_after_w_o,
-                     "W_o mixes the heads: zero the head's slice *before* the output projection."),
-                    ("another head was silenced", lambda: others, "Head h owns the features [h*d_k, (h+1)*d_k)."),
-                ], f"wrong output for head={head}",
-                    "Run the module's steps yourself (or use a forward pre-hook on W_o) and zero the head's slice "
-                    "of the concatenated heads before W_o.")
+        first = MultiHeadAttention(12, 3).double().train()  # training mode, gradients on: they must stay so
+        second = MultiHeadAttention(8, 2).train()  # float32
+        projections(first, g)
+        projections(second, g)
+        for p in second.W_q.parameters():
+            p.requires_grad_(False)  # a frozen layer: requires_grad must come back as it was, not all True
+        witness = first.W_q.register_forward_hook(lambda module, args, output: None)  # a hook of the caller's own
+        cases = [  # (module, (B, L), head, reseed weights before, label)
+            (first, (2, 5), 0, False, "3 heads, float64, B=2, L=5, head=0"),
+            (first, (2, 5), 1, False, "3 heads, float64, B=2, L=5, head=1"),
+            (first, (2, 5), 2, False, "3 heads, float64, B=2, L=5, head=2"),
+            (first, (3, 7), 1, False, "3 heads, float64, another input: B=3, L=7, head=1"),
+            (first, (3, 7), 1, True, "3 heads, float64, B=3, L=7, head=1, after the module's weights changed"),
+            (second, (2, 6), 0, False, "2 heads, float32, a frozen W_q, B=2, L=6, head=0"),
+            (second, (4, 3), 1, False, "2 heads, float32, a frozen W_q, B=4, L=3, head=1"),
+        ]
+        earlier: list[tuple[Tensor, str]] = []
+        try:
+            for mha, (B, L), head, reseed, label in cases:
+                if reseed:
+                    projections(mha, g)
+                dtype = next(mha.parameters()).dtype
+                x = randn(g, B, L, mha.d_model, dtype=dtype)
+                (arg,) = cloned(x)
+                kinds = {n: (p.dtype, p.device) for n, p in mha.named_parameters()}
+                try:
+                    out = call_leaving_model_alone(fn, mha, arg, head, what=f"your function ({label})",
+                                                   forbidden=[mha_heads.silence_heads.__wrapped__])
+                    moved = [n for n, p in mha.named_parameters() if (p.dtype, p.device) != kinds[n]]
+                    if moved:
+                        p = dict(mha.named_parameters())[moved[0]]
+                        raise fail(f"your function changed the module's dtype or device ({label}): {moved[0]} was "
+                                   f"{kinds[moved[0]][0]} on {kinds[moved[0]][1]}, it is now {p.dtype} on {p.device}",
+                                   "module.double(), .float() and .to(...) change the module itself, in place: "
+                                   "leave it as it is, and compute in x's dtype.")
+                except Verdict as verdict:
+                    if "left a hook registered" in verdict.message:
+                        raise fail(f"{HOOK_LEFT} ({label})", verdict.hint) from None
+                    if "changed the model's parameters" in verdict.message:
+                        raise fail(f"your function changed the module's weights ({label})",
+                                   "Silence the head on the way through (zero its slice of the concatenated heads), "
+                                   "leaving the weights as they are.") from None
+                    raise
+                check_unchanged(["x"], [x], [arg], "your function")
+                if isinstance(out, (tuple, list)) and len(out) == 2:
+                    out = out[0]
+                with torch.no_grad():
+                    expected = _silenced(mha, x, head)
+                    if isinstance(out, Tensor) and earlier and out.shape != x.shape \
+                            and any(out.shape == t.shape for t, _ in earlier):
+                        raise fail(f"the output ({label}) has the shape {tuple(out.shape)} of an earlier call's, for "
+                                   f"an input {tuple(x.shape)}: it looks like a result kept from an earlier call",
+                                   "Keep nothing from one call to the next (no cache keyed on some arguments only): "
+                                   "compute from this call's module and input, every time.")
+                    out = expect_tensor(out, f"the output ({label})", x.shape, dtype=dtype, explain=" (B, L, d_model)")
+                    if not close(out, expected):
+                        raise diagnose(out, _head_ablation_mistakes(mha, x, head, earlier), f"wrong output ({label})",
+                                       HEAD_ABLATION_DEFINITION, expected=expected, dim=-2, axis="position")
+                earlier.append((out, label))
+        finally:
+            witness.remove()
         with torch.no_grad():
-            check_device_care(fn, on_meta(mha), on_meta(x), 1, what="your function",
+            check_device_care(fn, on_meta(first), on_meta(randn(g, 2, 5, 12)), 1, what="your function",
                               hint="Make the head's mask (or zeros) on the input's device: "
                                    "torch.ones(..., device=x.device), or multiply the slice by 0 in place of a mask.")
-        return f"correct for each of the {H} heads, and on another device"
+        return (f"correct in {len(cases)} calls (each of the 3 heads, other lengths, changed weights, float32 and "
+                "float64), the module left as it was, and on another device")
 
     return run_check("head ablation", body)
