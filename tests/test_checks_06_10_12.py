@@ -179,3 +179,63 @@ def test_blockwise_blocks_in_one_reshaped_product_are_named():
     assert "on 7 cases" in str(result)
     expect_fail(checks.check_blockwise_attention(blockwise_in_one_reshaped_product), "not blockwise",
                 "several blocks", "reshaped", "loop over the blocks")
+
+
+# ------------------------------------------------------------------ 11.4: absorb the up-projections
+
+
+def absorb_right(mla):
+    H, d_k, d_latent = mla.num_heads, mla.d_k, mla.d_latent
+    W_uv = mla.W_uv.weight.view(H, d_k, d_latent)
+    return mla.W_uk.weight.view(H, d_k, d_latent), torch.einsum("mhk,hkc->mhc", mla.W_o.weight.view(-1, H, d_k), W_uv)
+
+
+def absorb_with_reshape(mla):
+    H = mla.num_heads
+    W_uk = mla.W_uk.weight.reshape(H, -1, mla.W_uk.in_features)
+    W_uv = mla.W_uv.weight.reshape(H, -1, mla.W_uv.in_features)
+    W_o = mla.W_o.weight.reshape(mla.W_o.out_features, H, -1)
+    return W_uk.clone(), (W_o.permute(1, 0, 2) @ W_uv).permute(1, 0, 2)
+
+
+def absorb_with_the_examples_sizes(mla):
+    W_uv = mla.W_uv.weight.view(3, 4, 7)
+    return mla.W_uk.weight.view(3, 4, 7), torch.einsum("mhk,hkc->mhc", mla.W_o.weight.view(12, 3, 4), W_uv)
+
+
+def make_cached_absorb():
+    cache = {}
+
+    def absorb(mla):
+        key = (mla.d_model, mla.num_heads, mla.d_latent)
+        if key not in cache:
+            cache[key] = tuple(t.detach().clone() for t in absorb_right(mla))
+        return cache[key]
+    return absorb
+
+
+def absorb_in_eval_mode(mla):
+    mla.eval()
+    return absorb_right(mla)
+
+
+def absorb_freezing(mla):
+    for p in mla.parameters():
+        p.requires_grad_(False)
+    return absorb_right(mla)
+
+
+def test_absorb_right_answers_pass_and_count_the_calls():
+    for fn in (absorb_right, absorb_with_reshape):
+        result = checks.check_absorb_up_projections(fn)
+        expect_pass(result)
+        assert "on 5 calls" in str(result)
+
+
+def test_absorb_names_each_slip():
+    result = checks.check_absorb_up_projections(absorb_with_the_examples_sizes)
+    expect_fail(result, "taken from the example, not from the module", "mla.num_heads", "would not help")
+    assert "Call .contiguous() before" not in str(result)
+    expect_fail(checks.check_absorb_up_projections(make_cached_absorb()), "earlier call", "keep no result")
+    expect_fail(checks.check_absorb_up_projections(absorb_in_eval_mode), "changed the mode")
+    expect_fail(checks.check_absorb_up_projections(absorb_freezing), "requires_grad")

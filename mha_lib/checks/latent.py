@@ -12,6 +12,7 @@ mistakes that reproduce it.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from ..latent import MultiHeadLatentAttention
-from ._core import CheckResult, Mistake, call, close, diagnose, expect_tensor, fail, gen, run_check, sqrt, unpack_pair
+from ._circuits import call_leaving_model_alone
+from ._core import ERROR, CheckResult, Mistake, Verdict, close, diagnose, expect_tensor, fail, gen, run_check, sqrt, unpack_pair
 from .reference import set_weights
 
 LAYERS = ("W_q", "W_dkv", "W_uk", "W_uv", "W_o")
@@ -210,36 +212,94 @@ def _check_w_ov(W_ov: Any, w: dict[str, Tensor], D: int, H: int, d_k: int, d_lat
     raise diagnose(W_ov, mistakes, f"W_ov is wrong {where}", W_OV_DEFINITION, expected=expected, dim=1, axis="head")
 
 
+SIZE_ERROR = re.compile(r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)|view size is not compatible|"
+                        r"size of tensor a \((\d+)\) must match")
+
+
+def _sized_from_elsewhere(fn: Callable[..., Any], mla: MultiHeadLatentAttention, passed: list[tuple[int, int, int]],
+                          where: str, verdict: Verdict) -> Verdict:
+    """The verdict for an error on a module of new sizes after right answers on others: sizes written as numbers
+    (the example's, the first module's) instead of read from the module, when the error says sizes don't fit."""
+    if verdict.status != ERROR or not passed:
+        return verdict
+    try:
+        fn(mla)
+        return verdict
+    except Exception as raised:  # noqa: BLE001 - the learner's code, run again to read its error
+        error: BaseException = raised
+    match = SIZE_ERROR.search(str(error))
+    if not isinstance(error, RuntimeError) or match is None:
+        return verdict
+    H, d_k, d_latent = mla.num_heads, mla.d_k, mla.d_latent
+    shown = f" (your shape [{match.group(1)}])" if match.group(1) else ""
+    earlier = " or ".join(f"(H, d_k, d_latent) = {p}" for p in passed)
+    return fail(f"{verdict.message}: your function was right for {earlier} but fails here{shown}: it looks like "
+                f"sizes written as numbers, taken from the example, not from the module (here H={H}, d_k={d_k}, "
+                f"d_latent={d_latent})",
+                "Read every size from the module you are given: H, d_k, d_latent = mla.num_heads, mla.d_k, "
+                "mla.d_latent (or -1 for one of them in .view), never the example's 3, 4, 7: the check hands over "
+                "modules of other sizes. .contiguous() or .reshape() would not help: the numbers are wrong.")
+
+
 def check_absorb_up_projections(fn: Callable[[MultiHeadLatentAttention], Any]) -> CheckResult:
     """Check ``fn(mla) -> (W_uk, W_ov)`` for a ``MultiHeadLatentAttention``: ``W_uk`` per head
     ``(H, d_k, d_latent)`` and ``W_o`` with ``W_uv`` folded in, ``(d_model, H, d_latent)``, as
-    ``mla.absorbed_weights()`` returns them; in the module's dtype, without changing its weights."""
+    ``mla.absorbed_weights()`` returns them; in the module's dtype; the modules are handed over in training
+    mode with gradients on (one with a hook of its own) and must come back as they were, and the first one
+    is handed over again after its weights change."""
 
     def body() -> str:
-        for D, H, d_latent, bias, seed in CASES:
-            mla = MultiHeadLatentAttention(D, H, d_latent, bias=bias).double().eval()
-            layers: dict[str, nn.Linear] = {name: getattr(mla, name) for name in LAYERS}
-            w = {name: wb[0] for name, wb in set_weights(layers, gen(seed)).items()}
-            before = {name: p.detach().clone() for name, p in mla.named_parameters()}
-            d_k = D // H
-            where = (f"for MultiHeadLatentAttention(d_model={D}, num_heads={H}, d_latent={d_latent}"
-                     f"{'' if bias else ', bias=False'}) (d_k={d_k})")
-            result = call(fn, mla, what=f"your function ({where})",
-                          forbidden=[MultiHeadLatentAttention.absorbed_weights])
-            if any(not torch.equal(p.detach(), before[name]) for name, p in mla.named_parameters()):
-                raise fail(f"your function changed the weights of the module it was given ({where})",
-                           "Compute new tensors from the weights (.view, @, torch.einsum); don't write into them "
-                           "(no .copy_(), .mul_() or assignments to .data).")
-            W_uk, W_ov = unpack_pair(result, "your function", "W_uk", "W_ov")
-            with torch.no_grad():
-                expected_uk, expected_ov = (t.detach().clone() for t in mla.absorbed_weights())
-            if _shape(W_uk) == (D, H, d_latent) and _shape(W_ov) == (H, d_k, d_latent):
-                raise fail(f"your function returned (W_ov, W_uk) {where}: shapes {_shape(W_uk)} and {_shape(W_ov)}",
-                           "End with: return W_uk, W_ov (W_uk per head first, then the folded W_o).")
-            _check_w_uk(W_uk, w, H, d_k, d_latent, expected_uk, where)
-            _check_w_ov(W_ov, w, D, H, d_k, d_latent, expected_ov, where)
+        passed: list[tuple[int, int, int]] = []
+        first: MultiHeadLatentAttention | None = None
+        witness = None
+        runs = [*CASES, (*CASES[0][:4], CASES[0][4] + 100)]  # the first module again, with new weights
+        try:
+            for number, (D, H, d_latent, bias, seed) in enumerate(runs):
+                again = number == len(CASES)
+                if again and first is not None:
+                    mla = first
+                else:
+                    torch.manual_seed(seed)
+                    mla = MultiHeadLatentAttention(D, H, d_latent, bias=bias).double().train(number % 2 == 0)
+                    if first is None:
+                        first = mla
+                        witness = mla.register_forward_pre_hook(lambda module, args: None)  # a hook of its own
+                layers: dict[str, nn.Linear] = {name: getattr(mla, name) for name in LAYERS}
+                w = {name: wb[0] for name, wb in set_weights(layers, gen(seed)).items()}
+                d_k = D // H
+                where = (f"for MultiHeadLatentAttention(d_model={D}, num_heads={H}, d_latent={d_latent}"
+                         f"{'' if bias else ', bias=False'}) (d_k={d_k})" + (", the first module again after its "
+                                                                            "weights changed" if again else ""))
+                try:
+                    result = call_leaving_model_alone(fn, mla, what=f"your function ({where})",
+                                                      forbidden=[MultiHeadLatentAttention.absorbed_weights])
+                except Verdict as verdict:
+                    if verdict.message == "your function changed the model's parameters":
+                        raise fail(f"your function changed the weights of the module it was given ({where})",
+                                   "Compute new tensors from the weights (.view, @, torch.einsum); don't write into "
+                                   "them (no .copy_(), .mul_() or assignments to .data).") from None
+                    raise _sized_from_elsewhere(fn, mla, passed, where, verdict) from None
+                W_uk, W_ov = unpack_pair(result, "your function", "W_uk", "W_ov")
+                with torch.no_grad():
+                    expected_uk, expected_ov = (t.detach().clone() for t in mla.absorbed_weights())
+                if _shape(W_uk) == (D, H, d_latent) and _shape(W_ov) == (H, d_k, d_latent):
+                    raise fail(f"your function returned (W_ov, W_uk) {where}: shapes {_shape(W_uk)} and "
+                               f"{_shape(W_ov)}", "End with: return W_uk, W_ov (W_uk per head first, then the folded W_o).")
+                if again and isinstance(W_uk, Tensor) and isinstance(W_ov, Tensor) and (
+                        not close(W_uk, expected_uk) or not close(W_ov, expected_ov)):
+                    raise fail(f"wrong (W_uk, W_ov) {where}, although they were right for this module before: your "
+                               "function returns what it computed on an earlier call (cached) instead of reading "
+                               "the module's current weights",
+                               "Compute from mla's weights on every call: keep no result between calls.")
+                _check_w_uk(W_uk, w, H, d_k, d_latent, expected_uk, where)
+                _check_w_ov(W_ov, w, D, H, d_k, d_latent, expected_ov, where)
+                passed.append((H, d_k, d_latent))
+        finally:
+            if witness is not None:
+                witness.remove()
         sizes = ", ".join(f"({H}, {D // H}, {d_latent})" for D, H, d_latent, _, _ in CASES)
-        return (f"(W_uk, W_ov) equal absorbed_weights() for {len(CASES)} layers, (H, d_k, d_latent) = {sizes}, "
-                "with and without biases")
+        return (f"(W_uk, W_ov) equal absorbed_weights() on {len(runs)} calls: {len(CASES)} layers, (H, d_k, "
+                f"d_latent) = {sizes}, with and without biases, and the first again after its weights changed; "
+                "the modules are left as they were")
 
     return run_check("absorbed up-projections", body)
