@@ -171,3 +171,92 @@ def test_head_ablation_passes_right_answers_and_says_where_a_wrong_one_differs()
         return ablate_by_hand(mha, x, head).double()
 
     expect_fail(checks.check_head_ablation(float64_output), "dtype torch.float64", "torch.float32")
+
+
+# ------------------------------------------------------------------ 7.1 the encoder layer's forward pass
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class Layer(nn.Module):
+    """The exercise's __init__, a forward with a switch for each mistake of the gallery."""
+
+    def __init__(self, d_model, num_heads, d_ff, mistake=None):
+        super().__init__()
+        self.self_attn = mha_lib.MultiHeadAttention(d_model, num_heads)
+        self.feed_forward = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mistake = mistake
+        self.cache = {}
+
+    def attend(self, h, mask):
+        if self.mistake == "no W_o":
+            a = self.self_attn
+            q, k, v = (mha_lib.split_heads(f(h), a.num_heads) for f in (a.W_q, a.W_k, a.W_v))
+            return mha_lib.combine_heads(mha_lib.scaled_dot_product_attention(q, k, v, mask)[0])
+        return self.self_attn(h, h, h, mask=mask)
+
+    def forward(self, x, mask=None):
+        m = self.mistake
+        if m == "cached":
+            key = tuple(x.shape)
+            if key not in self.cache:
+                self.cache[key] = Layer.forward(self.plain(), x, mask)
+            return self.cache[key]
+        if m == "missing norm":
+            x = x + self.attend(x, mask)
+            return x + self.feed_forward(self.norm2(x))
+        if m == "parallel":
+            return x + self.attend(self.norm1(x), mask) + self.feed_forward(self.norm2(x))
+        if m == "ff first":
+            x = x + self.feed_forward(self.norm2(x))
+            return x + self.attend(self.norm1(x), mask)
+        if m == "eval mode":
+            self.eval()
+        if m == "no grad":
+            for p in self.parameters():
+                p.requires_grad_(False)
+        if m == "hook":
+            self.feed_forward.register_forward_hook(lambda *a: None)
+        h = self.norm1(x)
+        x = x + self.attend(h, mask)
+        if m == "dropout":
+            x = F.dropout(x, 0.1)  # training=True by default: on in evaluation mode too
+        return x + self.feed_forward(self.norm2(x))
+
+    def plain(self):
+        other = Layer.__new__(Layer)
+        other.__dict__.update(self.__dict__)
+        other.mistake = None
+        return other
+
+
+@pytest.mark.parametrize(("mistake", "words"), [
+    ("missing norm", ("a norm is missing", "h = norm1(x)")),
+    ("parallel", ("a parallel block", "one after the other")),
+    ("ff first", ("feed-forward sublayer runs first",)),
+    ("dropout", ("other numbers for the same input", "training=self.training")),
+    ("no W_o", ("never projected by w_o", "self_attn.W_o")),
+    ("eval mode", ("changed the mode", "training mode")),
+    ("no grad", ("changed requires_grad",)),
+    ("hook", ("left a hook registered",)),
+    ("cached", ("earlier call's result came back", "keep nothing from one call to the next")),
+])
+def test_encoder_layer_names_the_mistake(mistake, words):
+    expect_fail(checks.check_encoder_layer(lambda d, h, f: Layer(d, h, f, mistake)), *words)
+
+
+def test_encoder_layer_passes_right_answers_and_says_where_a_wrong_one_differs():
+    result = checks.check_encoder_layer(Layer)
+    expect_pass(result)
+    assert "correct in 5 calls" in str(result), result
+    expect_pass(checks.check_encoder_layer(mha_lib.EncoderLayer))
+    expect_pass(checks.check_encoder_layer(lambda d, h, f: mha_lib.EncoderLayer(d, h, f, dropout=0.1)))
+
+    class Scaled(Layer):
+        def forward(self, x, mask=None):
+            return super().forward(x, mask) * 1.001
+
+    expect_fail(checks.check_encoder_layer(Scaled), "wrong output", "every position differs")

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
-from ._core import (CheckResult, Verdict, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor,
+from ._core import (CheckResult, Verdict, accepts, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor,
                     fail, gen, on_meta, randn, run_check)
 from ._sentiment import call_leaving_model_alone
 from .reference import projections
@@ -33,94 +33,182 @@ def _randomize(module: nn.Module, g: torch.Generator) -> None:
                 p.copy_(randn(g, *p.shape, scale=0.2))
 
 
+ENCODER_DEFINITION = ("Pre-norm: x = x + self_attn(h, h, h, mask) with h = norm1(x); then "
+                      "x = x + feed_forward(norm2(x)).")
+
+
+def _has_dropout(layer: nn.Module) -> bool:
+    return any(isinstance(m, nn.Dropout) and m.p > 0 or getattr(m, "dropout", 0) not in (0, 0.0, None)
+               and isinstance(getattr(m, "dropout", 0), float) for m in layer.modules())
+
+
+def _encoder_mistakes(layer: nn.Module, x: Tensor, mask: Tensor | None, earlier: list[Tensor]) -> list[Any]:
+    attn, ff, n1, n2 = layer.self_attn, layer.feed_forward, layer.norm1, layer.norm2
+
+    def sa(h: Tensor, m: Tensor | None = mask) -> Tensor:
+        return attn(h, h, h, mask=m)
+
+    def no_w_o(h: Tensor) -> Tensor:  # the heads concatenated, never projected by W_o
+        H = attn.num_heads
+        q, k, v = (mha_heads.split_heads(f(h), H) for f in (attn.W_q, attn.W_k, attn.W_v))
+        scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return mha_heads.combine_heads(scores.softmax(-1) @ v)
+
+    def right_with(attend: Callable[[Tensor], Tensor]) -> Tensor:
+        y = x + attend(n1(x))
+        return y + ff(n2(y))
+
+    def post_norm() -> Tensor:
+        y = n1(x + sa(x))
+        return n2(y + ff(y))
+
+    def residual_from_normalized() -> Tensor:
+        h = n1(x)
+        y = h + sa(h)
+        h2 = n2(y)
+        return h2 + ff(h2)
+
+    def ff_first() -> list[Tensor]:
+        out = []
+        for a, b in ((n2, n1), (n1, n2)):
+            y = x + ff(a(x))
+            out.append(y + sa(b(y)))
+        return out
+
+    def parallel() -> list[Tensor]:
+        h = n1(x)
+        return [x + sa(h) + ff(n2(x)), x + sa(h) + ff(h)]
+
+    def no_norm() -> list[Tensor]:
+        y1 = x + sa(x)
+        y2 = x + sa(n1(x))
+        return [y1 + ff(n2(y1)), y2 + ff(y2), y1 + ff(y1)]
+
+    return [
+        ("the post-norm order (normalize after adding)", post_norm,
+         "This layer is pre-norm: normalize the input of each sublayer, x + self_attn(norm1(x)), "
+         "and leave the residual path un-normalized."),
+        ("the residual starts from the normalized input", residual_from_normalized,
+         "Add the sublayer's output to x itself, not to norm1(x): x = x + self_attn(norm1(x))."),
+        ("a norm is missing: a sublayer reads x itself, not its normalized copy", no_norm,
+         "Each sublayer reads a normalized copy of x: self_attn(h, h, h) with h = norm1(x), feed_forward(norm2(x))."),
+        ("a parallel block: both sublayers read the same input and are added to it at once", parallel,
+         "The sublayers run one after the other: the feed-forward network reads x *after* the attention's "
+         "residual was added, x = x + self_attn(...); then x = x + feed_forward(norm2(x))."),
+        ("the feed-forward sublayer runs first, then the attention", ff_first,
+         "Attention first (norm1, self_attn), then the feed-forward network (norm2, feed_forward)."),
+        ("the attention sublayer has no residual connection",
+         lambda: (lambda y: y + ff(n2(y)))(sa(n1(x))), "Add the input back: x = x + self_attn(...)."),
+        ("the feed-forward sublayer has no residual connection", lambda: ff(n2(x + sa(n1(x)))),
+         "Add the input back: x = x + feed_forward(norm2(x))."),
+        ("norm1 was used for both sublayers", lambda: (lambda y: y + ff(n1(y)))(x + sa(n1(x))),
+         "Each sublayer has its own LayerNorm: norm2 before the feed-forward network."),
+        ("the attention's heads were never projected by W_o", lambda: right_with(no_w_o),
+         "Call the module, self_attn(h, h, h, mask=mask), whose last step is W_o; by hand, end with "
+         "self_attn.W_o(combine_heads(...))."),
+        ("the mask was not passed to the attention", lambda: right_with(lambda h: sa(h, None)),
+         "Pass the mask on: self_attn(h, h, h, mask=mask)."),
+        ("an earlier call's result came back (the layer's weights or the input changed since)", lambda: earlier,
+         "Keep nothing from one call to the next: compute from this call's x, every time."),
+    ]
+
+
 def check_encoder_layer(cls: Any) -> CheckResult:
     """Check a pre-norm encoder layer ``cls(d_model, num_heads, d_ff)`` whose ``forward(x,
     mask=None)`` computes ``x + self_attn(norm1(x))`` then ``x + feed_forward(norm2(x))``,
     using its attributes ``self_attn`` (a ``MultiHeadAttention``), ``feed_forward``,
-    ``norm1`` and ``norm2``; returns ``(B, L, d_model)``."""
+    ``norm1`` and ``norm2``; returns ``(B, L, d_model)`` in ``x``'s dtype, on its device, and leaves
+    the layer as it was (mode, ``requires_grad``, hooks, weights)."""
 
-    def body() -> str:
-        g = gen(41)
-        D, H, d_ff = 8, 2, 16
+    def build(D: int, H: int, d_ff: int) -> nn.Module:
         layer = call(cls, D, H, d_ff, what=f"your class({D}, {H}, {d_ff})")
         if not isinstance(layer, nn.Module):
             raise fail(f"your class({D}, {H}, {d_ff}) is a {type(layer).__name__}, not an nn.Module")
-        parts = {}
         for name, kind in (("self_attn", nn.Module), ("feed_forward", nn.Module), ("norm1", nn.LayerNorm),
                            ("norm2", nn.LayerNorm)):
-            part = getattr(layer, name, None)
-            if not isinstance(part, kind):
+            if not isinstance(getattr(layer, name, None), kind):
                 raise fail(f"your layer has no {kind.__name__} attribute {name}",
                            "Keep the __init__ of the exercise as it is; write only forward.")
-            parts[name] = part
-        layer = layer.double().eval()
-        _randomize(layer, g)
-        attn, ff, n1, n2 = parts["self_attn"], parts["feed_forward"], parts["norm1"], parts["norm2"]
+        if not accepts(layer, "mask"):
+            raise fail("your forward doesn't accept the argument mask=",
+                       "Keep the exercise's signature, mask included: def forward(self, x, mask=None), even when no "
+                       "mask is given.")
+        return layer
 
-        def sa(h: Tensor, mask: Tensor | None) -> Tensor:
-            return attn(h, h, h, mask=mask)
+    def forward(layer: nn.Module, x: Tensor, mask: Tensor | None) -> Any:
+        return layer(x) if mask is None else layer(x, mask=mask)
 
-        def right(x: Tensor, mask: Tensor | None) -> Tensor:
-            x = x + sa(n1(x), mask)
-            return x + ff(n2(x))
-
-        x = randn(g, 2, 5, D)
-        cases = [(x, None, "no mask"), (x, padding_mask([5, 3]), "a padding mask (B, 1, 1, L)")]
-        for x, mask, label in cases:
+    def body() -> str:
+        g = gen(41)
+        first = build(8, 2, 16).double()
+        second = build(12, 3, 24).float()
+        _randomize(first, g)
+        _randomize(second, g)
+        for p in second.norm1.parameters():
+            p.requires_grad_(False)  # a frozen norm: requires_grad must come back as it was, not all True
+        cases = [  # (layer, (B, L), lengths of a padding mask or None, mode, reseed weights before, label)
+            (first, (2, 5), None, "train", False, "8 features, float64, B=2, L=5, no mask"),
+            (first, (2, 5), [5, 3], "train", False, "8 features, float64, B=2, L=5, a padding mask (B, 1, 1, L)"),
+            (first, (3, 7), [7, 4, 2], "train", True, "8 features, float64, B=3, L=7, a padding mask, after the "
+                                                        "layer's weights changed"),
+            (first, (2, 6), None, "eval", False, "8 features, float64, evaluation mode, B=2, L=6, no mask"),
+            (second, (2, 6), [6, 2], "train", False, "12 features, 3 heads, float32, a frozen norm1, B=2, L=6, "
+                                                      "a padding mask"),
+        ]
+        earlier: list[Tensor] = []
+        for layer, (B, L), lengths, mode, reseed, label in cases:
+            if reseed:
+                _randomize(layer, g)
+            layer.train(mode == "train" and not _has_dropout(layer))
+            dtype = next(layer.parameters()).dtype
+            x = randn(g, B, L, layer.norm1.normalized_shape[0], dtype=dtype)
+            mask = None if lengths is None else padding_mask(lengths)
             (arg,) = cloned(x)
-            kwargs = {} if mask is None else {"mask": mask}
+            out = call_leaving_model_alone(forward, layer, arg, mask, what=f"your forward ({label})")
+            check_unchanged(["x"], [x], [arg], "your forward")
+            if isinstance(out, (tuple, list)) and len(out) == 2:
+                out = out[0]
+            if isinstance(out, Tensor) and earlier and out.shape != x.shape and any(out.shape == t.shape for t in earlier):
+                raise fail(f"the output ({label}) has the shape {tuple(out.shape)} of an earlier call's, for an "
+                           f"input {tuple(x.shape)}: it looks like a result kept from an earlier call",
+                           "Keep nothing from one call to the next: compute from this call's x, every time.")
+            out = expect_tensor(out, f"the output ({label})", x.shape, dtype=dtype, explain=" (B, L, d_model)")
+            again = call_leaving_model_alone(forward, layer, x.clone(), mask, what=f"your forward ({label}, again)")
+            if isinstance(again, (tuple, list)) and len(again) == 2:
+                again = again[0]
+            if isinstance(again, Tensor) and again.shape == out.shape and not close(again, out):
+                raise fail(f"your forward gave other numbers for the same input, called twice ({label}, the layer in "
+                           f"{'training' if layer.training else 'evaluation'} mode): it looks like a dropout that is "
+                           "on whatever the mode, or random numbers drawn in forward",
+                           "The exercise's layer has no dropout. If you add one, use an nn.Dropout module (off in "
+                           "evaluation mode) or F.dropout(x, p, training=self.training): F.dropout's training "
+                           "defaults to True, so it drops in evaluation mode too.")
             with torch.no_grad():
-                out = call(layer, arg, **kwargs, what="your forward")
-                check_unchanged(["x"], [x], [arg], "your forward")
-                if isinstance(out, (tuple, list)) and len(out) == 2:
-                    out = out[0]
-                out = expect_tensor(out, "the output", x.shape, explain=" (B, L, d_model)")
-                if close(out, right(x, mask)):
-                    continue
-
-                def post_norm() -> Tensor:
-                    y = n1(x + sa(x, mask))
-                    return n2(y + ff(y))
-
-                def residual_from_normalized() -> Tensor:
-                    h = n1(x)
-                    y = h + sa(h, mask)
-                    h2 = n2(y)
-                    return h2 + ff(h2)
-
-                def no_attention_residual() -> Tensor:
-                    y = sa(n1(x), mask)
-                    return y + ff(n2(y))
-
-                def no_ff_residual() -> Tensor:
-                    return ff(n2(x + sa(n1(x), mask)))
-
-                def one_norm() -> Tensor:
-                    y = x + sa(n1(x), mask)
-                    return y + ff(n1(y))
-
-                def no_mask() -> Tensor:
-                    return right(x, None)
-
-                raise diagnose(out, [
-                    ("the post-norm order (normalize after adding)", post_norm,
-                     "This layer is pre-norm: normalize the input of each sublayer, x + self_attn(norm1(x)), "
-                     "and leave the residual path un-normalized."),
-                    ("the residual starts from the normalized input", residual_from_normalized,
-                     "Add the sublayer's output to x itself, not to norm1(x): x = x + self_attn(norm1(x))."),
-                    ("the attention sublayer has no residual connection", no_attention_residual,
-                     "Add the input back: x = x + self_attn(...)."),
-                    ("the feed-forward sublayer has no residual connection", no_ff_residual,
-                     "Add the input back: x = x + feed_forward(norm2(x))."),
-                    ("norm1 was used for both sublayers", one_norm,
-                     "Each sublayer has its own LayerNorm: norm2 before the feed-forward network."),
-                    ("the mask was not passed to the attention", no_mask,
-                     "Pass the mask on: self_attn(h, h, h, mask=mask)."),
-                ], f"wrong output with {label}",
-                    "Pre-norm: x = x + self_attn(h, h, h, mask) with h = norm1(x); then x = x + feed_forward(norm2(x)).")
-        return "correct, with and without a padding mask"
+                expected = forward_reference(layer, x, mask)
+                if not close(out, expected):
+                    raise diagnose(out, _encoder_mistakes(layer, x, mask, earlier), f"wrong output ({label})",
+                                   ENCODER_DEFINITION, expected=expected, dim=-2, axis="position")
+            earlier.append(out)
+        first.eval()
+        with torch.no_grad():
+            check_device_care(forward, on_meta(first), on_meta(randn(g, 2, 5, 8)), on_meta(padding_mask([5, 3])),
+                              what="your forward", hint="Make any tensor you create on x's device and in its dtype "
+                                                        "(torch.zeros_like(x), device=x.device).")
+        return (f"correct in {len(cases)} calls (with and without a padding mask, other lengths, changed weights, "
+                "training and evaluation mode, float32 and float64), each twice, the layer left as it was, and on "
+                "another device")
 
     return run_check("encoder layer", body)
+
+
+def forward_reference(layer: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:
+    """The pre-norm layer, from the learner's own sublayers (the attention in evaluation mode, no dropout)."""
+    attn, ff, n1, n2 = layer.self_attn, layer.feed_forward, layer.norm1, layer.norm2
+    h = n1(x)
+    y = x + attn(h, h, h, mask=mask)
+    return y + ff(n2(y))
 
 
 HEAD_ABLATION_DEFINITION = ("Run the module's steps yourself (or use a forward pre-hook on W_o) and zero head h's "
