@@ -239,3 +239,70 @@ def test_absorb_names_each_slip():
     expect_fail(checks.check_absorb_up_projections(make_cached_absorb()), "earlier call", "keep no result")
     expect_fail(checks.check_absorb_up_projections(absorb_in_eval_mode), "changed the mode")
     expect_fail(checks.check_absorb_up_projections(absorb_freezing), "requires_grad")
+
+
+# ------------------------------------------------------------------ 12.1 and 12.2: the halves
+
+
+def halves(L, device=None):
+    first = torch.arange(L, device=device) < L // 2
+    return torch.stack([first, ~first])[:, None, :].expand(2, L, L)
+
+
+def restricted_right(mha, x):
+    return mha(x, x, x, mask=halves(x.size(1), x.device), return_weights=True)
+
+
+def restricted_by_hand(mha, x, *, w_o=True, swap=False, causal=False, shift=0.0):
+    B, L, D = x.shape
+    H, d_k = mha.num_heads, D // mha.num_heads
+    q, k, v = (layer(x).view(B, L, H, d_k).transpose(1, 2) for layer in (mha.W_q, mha.W_k, mha.W_v))
+    mask = halves(L, x.device)
+    if causal:
+        mask = mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(d_k)).masked_fill(~mask, float("-inf")).softmax(-1).nan_to_num(0.0)
+    heads = weights @ v  # (B, H, L, d_k)
+    if swap:
+        heads = heads.flip(1)
+    concat = heads.transpose(1, 2).reshape(B, L, D)
+    out = mha.W_o(concat) if w_o else concat
+    if shift:
+        out = out + shift * (torch.arange(L, device=x.device) == 1)[None, :, None]
+    return out, weights
+
+
+def restricted_in_eval_mode(mha, x):
+    mha.eval()
+    return restricted_right(mha, x)
+
+
+def restricted_leaving_a_hook(mha, x):
+    mha.register_forward_hook(lambda module, args, output: None)
+    return restricted_right(mha, x)
+
+
+def test_restricted_attention_right_answers_pass():
+    for fn in (restricted_right, restricted_by_hand):
+        result = checks.check_restricted_attention(fn)
+        expect_pass(result)
+        assert "correct on 3 inputs" in str(result)
+
+
+def test_restricted_attention_names_each_mistake():
+    check = checks.check_restricted_attention
+    expect_fail(check(lambda m, x: restricted_by_hand(m, x, w_o=False)), "w_o is missing")
+    expect_fail(check(lambda m, x: restricted_by_hand(m, x, swap=True)), "heads' outputs were swapped")
+    expect_fail(check(lambda m, x: restricted_by_hand(m, x, causal=True)), "causal mask was added")
+    expect_fail(check(lambda m, x: restricted_by_hand(m, x, shift=0.1)), "position 1 differs",
+                "the weights you returned are right")
+    expect_fail(check(restricted_in_eval_mode), "changed the mode")
+    expect_fail(check(restricted_leaving_a_hook), "left a hook")
+    out_weights_swapped = lambda m, x: (restricted_right(m, x)[0], restricted_right(m, x)[1].flip(1))  # noqa: E731
+    expect_fail(check(out_weights_swapped), "two heads swapped")
+
+
+def test_halves_mask_names_a_causal_mask_and_one_mask_for_both_heads():
+    expect_pass(checks.check_halves_mask(halves))
+    expect_fail(checks.check_halves_mask(lambda L: halves(L) & torch.ones(L, L, dtype=torch.bool).tril()),
+                "causal mask was combined")
+    expect_fail(checks.check_halves_mask(lambda L: halves(L)[[0, 0]]), "same mask")
