@@ -260,3 +260,43 @@ def test_encoder_layer_passes_right_answers_and_says_where_a_wrong_one_differs()
             return super().forward(x, mask) * 1.001
 
     expect_fail(checks.check_encoder_layer(Scaled), "wrong output", "every position differs")
+
+
+# ------------------------------------------------------------------ 8.3 ablation losses
+
+from test_checks_induction import ablation  # noqa: E402
+
+
+def leaves_eval_mode_83(model, batch):
+    model.eval()
+    return ablation(model, batch)
+
+
+def requires_grad_off_83(model, batch):
+    model.requires_grad_(False)
+    return ablation(model, batch)
+
+
+_tables = {}
+
+
+def cached_on_the_model(model, batch):  # keyed on the model: stale after its weights change, on another batch
+    if id(model) not in _tables:
+        _tables[id(model)] = ablation(model, batch)
+    return _tables[id(model)]
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (leaves_eval_mode_83, ("changed the mode", "training mode", "model.train(was_training)")),
+    (requires_grad_off_83, ("changed requires_grad", "torch.no_grad()")),
+    (cached_on_the_model, ("returned the losses of the earlier call", "keep nothing from one call to the next")),
+], ids=["eval mode", "requires_grad off", "cached"])
+def test_ablation_losses_names_state_slips(fn, words):
+    _tables.clear()
+    expect_fail(checks.check_ablation_losses(fn), *words)
+
+
+def test_ablation_losses_says_how_many_calls_ran():
+    result = checks.check_ablation_losses(ablation)
+    expect_pass(result)
+    assert "in 5 calls" in str(result), result

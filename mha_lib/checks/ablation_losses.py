@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..heads import silence_heads
 from ..induction.data import RepeatBatch, repeated_segments
 from ..induction.model import AttentionOnlyTransformer
 from ..induction.train import losses
-from ._core import CheckResult, Mistake, call, check_unchanged, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from ._core import CheckResult, Mistake, Verdict, check_unchanged, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from ._sentiment import call_leaving_model_alone
 from .head_scores import copy_batch, expect_score_dtype
 
 
@@ -40,10 +41,6 @@ def _untrained_model(seed: int, V: int, D: int, H: int, layers: int, L: int, pos
             else:
                 p.copy_(randn(g, *p.shape, scale=0.2))
     return model.to(dtype).eval()
-
-
-def _hooks(model: nn.Module) -> int:
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
 
 def _predictable_loss(logits: Tensor, batch: RepeatBatch, shift: int = 1) -> Tensor:
@@ -79,36 +76,23 @@ ABLATION_DEFINITION = ("Entry [l, h] is the mean cross-entropy on the predictabl
 
 def _call_leaving_model_alone(fn: Callable[..., Any], model: AttentionOnlyTransformer, batch: RepeatBatch,
                               what: str) -> Any:
-    """Call ``fn(model, batch)``; fail if it left the model, the batch or the grad mode changed."""
-    grad_mode, hooks = torch.is_grad_enabled(), _hooks(model)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    """Call ``fn(model, batch)`` with :func:`._sentiment.call_leaving_model_alone` (grad mode, hooks, mode of every
+    module, ``requires_grad``, parameters, ``.grad``); fail if it changed the batch too."""
     given = copy_batch(batch)
     try:
-        out = call(fn, model, given, what=what)
-    finally:
-        changed_grad = torch.is_grad_enabled() != grad_mode
-        torch.set_grad_enabled(grad_mode)
+        out = call_leaving_model_alone(fn, model, given, what=what)
+    except Verdict as verdict:
+        if "left a hook registered" in verdict.message:
+            raise fail("your function left a hook on the model: every later forward pass still silences a head",
+                       "Silence inside `with silence_heads(model.layers[l], [h]):`; the hook is removed when the block "
+                       "ends, also after an error.") from None
+        if "changed the model's parameters" in verdict.message:
+            raise fail("your function changed the model's parameters",
+                       "Silence a head on the way through (silence_heads adds a hook and removes it) instead of "
+                       "zeroing weights.") from None
+        raise
     check_unchanged(["batch.tokens", "batch.predictable"], [batch.tokens, batch.predictable],
                     [given.tokens, given.predictable], "your function")
-    if changed_grad:
-        raise fail("your function left gradients switched off for everything that runs after it",
-                   "Switch them off for a block only: `with torch.no_grad():` switches them back on when the block "
-                   "ends (torch.set_grad_enabled(False) does not).")
-    if _hooks(model) != hooks:
-        raise fail("your function left a hook on the model: every later forward pass still silences a head",
-                   "Silence inside `with silence_heads(model.layers[l], [h]):`; the hook is removed when the block "
-                   "ends, also after an error.")
-    if model.training:
-        raise fail("your function left the model in training mode",
-                   "It only evaluates the model: leave its mode alone (no model.train()), or put back the mode you "
-                   "found: model.train(was_training).")
-    if any(not torch.equal(p, params[n]) for n, p in model.named_parameters()):
-        raise fail("your function changed the model's parameters",
-                   "Silence a head on the way through (silence_heads adds a hook and removes it) instead of "
-                   "zeroing weights.")
-    if any(p.grad is not None for p in model.parameters()):
-        raise fail("your function left gradients in the model's parameters (.grad)",
-                   "Only evaluate: compute the losses under `with torch.no_grad():` and call no backward().")
     return out
 
 
@@ -124,8 +108,14 @@ def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], 
             dict(seed=82, V=10, D=8, H=2, layers=2, L=12, B=6, segment=(2, 5), positions="rotary", dtype=torch.float64),
             dict(seed=83, V=9, D=8, H=2, layers=3, L=14, B=5, segment=(3, 7), positions="sinusoidal", dtype=torch.float32),
         ]
+        calls = 0
         for number, c in enumerate(cases):
             model = _untrained_model(c["seed"], c["V"], c["D"], c["H"], c["layers"], c["L"], c["positions"], c["dtype"])
+            if number != 1:
+                model.train()  # handed over in training mode, gradients on: both must come back as they were
+            else:
+                for p in model.token_embedding.parameters():
+                    p.requires_grad_(False)  # a frozen embedding: requires_grad must come back as it was, not all True
             batch = repeated_segments(c["B"], c["L"], c["V"], c["segment"], generator=gen(c["seed"]))
             layers, H = c["layers"], c["H"]
             label = f"a {layers}-layer model with {H} heads per layer, {str(c['dtype']).replace('torch.', '')}"
@@ -133,6 +123,7 @@ def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], 
             with torch.no_grad():
                 intact = losses(model(batch.tokens), batch)[1]
             out = _call_leaving_model_alone(fn, model, batch, f"your function ({label})")
+            calls += 1
             what = f"the losses for {label}"
             if isinstance(out, Tensor) and tuple(out.shape) == (H, layers) and H != layers:
                 raise fail(f"{what} have shape {(H, layers)}: transposed, expected (num_layers, H) = {(layers, H)}",
@@ -149,11 +140,35 @@ def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], 
                                f"wrong losses for {label} (yours: {shown})", ABLATION_DEFINITION)
             if number == 0:
                 again = _call_leaving_model_alone(fn, model, batch, f"your function ({label}, called a second time)")
+                calls += 1
                 if not isinstance(again, Tensor) or not close(again.detach(), out):
                     raise fail(f"a second call on the same model gave other losses ({label}): something your "
                                "function changes stays changed", "Leave the model as you found it.")
-        return (f"right for {len(cases)} untrained models (2 and 3 layers, 2 and 3 heads, float32 and float64), "
-                "twice on the same model; the model is left as it was")
+                # the same model with other weights, and another batch of the same shape: nothing may be remembered
+                fresh = _untrained_model(c["seed"] + 10, c["V"], c["D"], c["H"], c["layers"], c["L"], c["positions"],
+                                         c["dtype"])
+                with torch.no_grad():
+                    for p, q in zip(model.parameters(), fresh.parameters()):
+                        p.copy_(q)
+                other = repeated_segments(c["B"], c["L"], c["V"], c["segment"], generator=gen(c["seed"] + 10))
+                expected = _ablated(model, other, lambda l, h: [(l, [h])], lambda z: losses(z, other)[1])
+                third = _call_leaving_model_alone(fn, model, other, f"your function ({label}, after its weights "
+                                                  "changed, on another batch)")
+                calls += 1
+                if isinstance(third, Tensor) and third.shape == out.shape and close(third.detach(), out) \
+                        and not close(expected, out):
+                    raise fail(f"after the model's weights changed and on another batch ({label}), your function "
+                               "returned the losses of the earlier call: it looks like a result kept from call to "
+                               "call", "Keep nothing from one call to the next (no cache keyed on the model or on "
+                               "shapes): compute from this call's model and batch, every time.")
+                third = expect_tensor(third, what, (layers, H), dtype=c["dtype"], explain=" (num_layers, H)")
+                if not close(third, expected):
+                    raise fail(f"wrong losses for {label} after its weights changed, on another batch (right the first "
+                               "time): something from an earlier call stays", "Compute from this call's model and "
+                               "batch, every time.")
+        return (f"right for {len(cases)} untrained models (2 and 3 layers, 2 and 3 heads, float32 and float64, "
+                f"training and evaluation mode) in {calls} calls (twice on the same model, again after its weights "
+                "changed); the model is left as it was")
 
     def on_one_thread() -> str:  # models this small run many times faster on one thread of a busy CPU
         threads = torch.get_num_threads()
