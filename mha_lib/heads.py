@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-import numbers
-
 import torch
 from torch import Tensor, nn
 
-from .validation import check_positive_int, describe
+from .validation import as_index, check_positive_int, describe
 
 __all__ = ["split_heads", "combine_heads", "silence_heads"]
 
@@ -75,10 +73,11 @@ def silence_heads(attention: nn.Module, heads: Iterable[int]) -> Iterator[None]:
         raise TypeError(f"heads must be a list of head indices, e.g. [{heads!r}], got {heads!r} "
                         f"(a {type(heads).__name__})")
     heads = list(heads)
-    bad = [h for h in heads if isinstance(h, bool) or not isinstance(h, numbers.Integral) or not 0 <= h < num_heads]
+    indices = [as_index(h) for h in heads]  # ints, NumPy ints and 0-d integer tensors (w.argmax())
+    bad = [h for h, i in zip(heads, indices) if i is None or not 0 <= i < num_heads]
     if bad:
         raise ValueError(f"heads must be ints in [0, {num_heads}), got {bad}")
-    heads = [int(h) for h in heads]
+    heads = indices
     d_k = W_o.in_features // num_heads
     keep = torch.ones(W_o.in_features)  # (H * d_k,)
     for h in heads:

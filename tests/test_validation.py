@@ -251,8 +251,8 @@ def test_a_zero_one_float_mask_would_indeed_block_nothing():
 
 @pytest.mark.parametrize("name", list(modules()))
 def test_a_mask_on_another_device_is_named(name):
-    with pytest.raises(ValueError, match=r"mask is on meta but the attention runs on cpu; move it there with "
-                       r"mask\.to\('cpu'\)"):
+    with pytest.raises(ValueError, match=r"mask is on meta but the attention runs on cpu; put it on the inputs' "
+                       r"device: mask\.to\(x\.device\)"):
         modules()[name](torch.randn(B, L, D), causal_mask(L, device="meta"))
 
 

@@ -348,6 +348,12 @@ def module_cases() -> Iterator[Case]:
                    partial(module, x, x[:, :2], x[:, :2], cache=mha_lib.KVCache()),
                    "bad", ("self-attention",))
         full = module(x, x, x, mask=mha_lib.causal_mask(4))
+        additive = torch.zeros(4, 4).masked_fill(~mha_lib.causal_mask(4), -INF)  # 0 = may attend, -inf = blocked
+        yield Case(f"{name}.forward(0/1 float mask with a KVCache)",
+                   partial(module, x, x, x, mask=mha_lib.causal_mask(4).float(), cache=mha_lib.KVCache()), "bad", ("mask",))
+        yield Case(f"{name}.forward(0/-inf float mask with a KVCache)",
+                   partial(module, x, x, x, mask=additive, cache=mha_lib.KVCache()), "valid", ("mask",),
+                   lambda r, full=full: same(r, full))
 
         def decode(module: torch.nn.Module = module) -> torch.Tensor:
             cache = mha_lib.KVCache()
@@ -421,6 +427,16 @@ def submodule_cases() -> Iterator[Case]:
     yield from values("sentiment.silence_heads", lambda attention,
                       heads: sentiment.silence_heads(attention, heads).__enter__(),
                       dict(attention=mha, heads=[1]), "heads", bad=(1, "1", [2], [-1], [1.0], None))
+    x = torch.randn(2, 4, 8)
+
+    def silenced(attention: torch.nn.Module, heads: Any) -> torch.Tensor:
+        with sentiment.silence_heads(attention, heads):
+            return attention(x, x, x)
+
+    fresh = mha_lib.MultiHeadAttention(8, 2)  # the calls above leave hooks on mha (entered, never left)
+    yield from values("sentiment.silence_heads", silenced, dict(attention=fresh, heads=[1]), "heads",
+                      bad=([torch.tensor(1.0)], [torch.tensor([1])], [torch.tensor(True)], [np.True_], [np.float64(1)]),
+                      valid=([np.int64(1)], [torch.tensor(1)], [torch.tensor([0.2, 0.9]).argmax()], (1,)))
     yield from values("sentiment.silence_heads", lambda attention,
                       heads: sentiment.silence_heads(attention, heads).__enter__(),
                       dict(attention=mha, heads=[1]), "attention", bad=(None, torch.nn.Linear(8, 8), "mha"),
@@ -563,6 +579,13 @@ def more_submodule_cases() -> Iterator[Case]:
                           bad=tensor_bad(x)[:6] + (x.double(),))
     yield from values("MultiHeadLatentAttention.forward", latent, dict(query=x, key=x, value=x), "absorb",
                       bad=("yes", None))
+    yield Case("MultiHeadLatentAttention.forward(0/1 float mask with a LatentCache)",
+               partial(latent, x, x, x, mask=mha_lib.causal_mask(4).float(), cache=mha_lib.LatentCache()), "bad", ("mask",))
+    full = latent(x, x, x, mask=mha_lib.causal_mask(4))
+    additive = torch.zeros(4, 4).masked_fill(~mha_lib.causal_mask(4), -INF)
+    yield Case("MultiHeadLatentAttention.forward(0/-inf float mask with a LatentCache)",
+               partial(latent, x, x, x, mask=additive, cache=mha_lib.LatentCache()), "valid", ("mask",),
+               lambda r: same(r, full))
     yield from values("LatentCache.update", lambda **kw: mha_lib.LatentCache().update(**kw),
                       dict(latent=torch.randn(1, 3, 4)),
                       "latent", bad=(None, torch.randn(3, 4), torch.randn(1, 3, 4).numpy()), words=("latent", "latents"))

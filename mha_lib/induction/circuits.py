@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..masks import causal_mask
 from ..multi_head import MultiHeadAttention
+from ..validation import as_index
 from .model import INPUTS, AttentionOnlyTransformer
 
 __all__ = ["PARTS", "composition_scores", "copying_eigenvalues", "copying_score", "head_parts", "mean_ablate",
@@ -50,9 +51,10 @@ def _check_model(model: object) -> AttentionOnlyTransformer:
 
 
 def _head_slice(layer: MultiHeadAttention, head: int) -> slice:
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < layer.num_heads:
+    index = as_index(head)  # an int, a NumPy int or a 0-d integer tensor
+    if index is None or not 0 <= index < layer.num_heads:
         raise ValueError(f"head must be an int in [0, {layer.num_heads}), got {head!r}")
-    return slice(head * layer.d_k, (head + 1) * layer.d_k)
+    return slice(index * layer.d_k, (index + 1) * layer.d_k)
 
 
 def head_parts(model: AttentionOnlyTransformer, tokens: Tensor) -> dict[str, Tensor]:
@@ -100,12 +102,12 @@ def _check_refs(remove: Mapping[str, Iterable[PartRef]], num_heads: int) -> dict
                              f"unembedding's input), got {name!r}")
         checked[name] = []
         for ref in refs:
-            ok = (isinstance(ref, tuple) and len(ref) == 2 and isinstance(ref[0], int) and not isinstance(ref[0], bool)
-                  and 0 <= ref[0] < num_heads and ref[1] in PARTS)
+            head = as_index(ref[0]) if isinstance(ref, tuple) and len(ref) == 2 else None
+            ok = head is not None and 0 <= head < num_heads and isinstance(ref[1], str) and ref[1] in PARTS
             if not ok:
                 raise ValueError(f"remove[{name!r}] must list (head, part) pairs with head in [0, {num_heads}) "
                                  f"and part in {PARTS}, got {ref!r}")
-            checked[name].append(ref)
+            checked[name].append((head, ref[1]))
     return checked
 
 

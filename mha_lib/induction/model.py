@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..masks import causal_mask
 from ..multi_head import MultiHeadAttention
 from ..positions import sinusoidal_positions
-from ..validation import check_flag, check_heads, check_positive_int
+from ..validation import as_index, check_flag, check_heads, check_positive_int
 
 __all__ = ["POSITIONS", "AttentionOnlyTransformer", "HeadRef"]
 
@@ -101,12 +101,12 @@ class AttentionOnlyTransformer(nn.Module):
                 raise ValueError(f"remove_from keys must be among {INPUTS} (query, key, value input of the later "
                                  f"layers, the unembedding's input), got {name!r}")
             for ref in heads:
-                ok = (isinstance(ref, tuple) and len(ref) == 2 and all(isinstance(i, int) for i in ref)
-                      and 0 <= ref[0] < self.num_layers and 0 <= ref[1] < self.num_heads)
+                pair = [as_index(i) for i in ref] if isinstance(ref, tuple) and len(ref) == 2 else [None, None]
+                ok = (None not in pair and 0 <= pair[0] < self.num_layers and 0 <= pair[1] < self.num_heads)
                 if not ok:
                     raise ValueError(f"remove_from[{name!r}] must list (layer, head) pairs with layer in "
                                      f"[0, {self.num_layers}) and head in [0, {self.num_heads}), got {ref!r}")
-                remove[name].append(ref)
+                remove[name].append(tuple(pair))
         return remove
 
     def embed(self, tokens: Tensor) -> Tensor:

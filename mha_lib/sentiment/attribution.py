@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from ..validation import as_index
 from .data import Example, Vocab, batch_examples
 from .model import SentimentClassifier, device_of
 
@@ -49,9 +50,10 @@ def _one_layer(model: SentimentClassifier) -> nn.Module:
 def _heads_of(model: SentimentClassifier, heads: Sequence[int]) -> list[int]:
     heads = list(heads)
     H = model.num_heads
-    if not heads or any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < H for h in heads):
+    indices = [as_index(h) for h in heads]  # ints, NumPy ints and 0-d integer tensors
+    if not heads or any(i is None or not 0 <= i < H for i in indices):
         raise ValueError(f"heads must be a non-empty list of head indices in [0, {H}), got {heads!r}")
-    return heads
+    return indices
 
 
 @torch.no_grad()

@@ -16,8 +16,8 @@ def check_mask_kind(mask: Tensor, device: torch.device | None) -> None:
         raise TypeError(f"mask has dtype {mask.dtype}; use a bool mask (True = may attend), "
                         "e.g. mask.bool() or mask != 0, or a float mask that is added to the scores")
     if device is not None and mask.dim() > 0 and mask.device != device:
-        raise ValueError(f"mask is on {mask.device} but the attention runs on {device}; "
-                         f"move it there with mask.to({str(device)!r})")
+        raise ValueError(f"mask is on {mask.device} but the attention runs on {device}; put it on the inputs' "
+                         "device: mask.to(x.device) for an input x, or device=x.device where you create it")
 
 
 def _check_float_mask_values(mask: Tensor) -> None:

@@ -12,7 +12,7 @@ import operator
 
 import torch
 
-__all__ = ["check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
+__all__ = ["as_index", "check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
            "check_positive_number", "check_rotary", "check_whole", "check_base", "check_device", "describe"]
 
 
@@ -34,6 +34,21 @@ def check_whole(value: object, name: str, what: str = "a whole number (an int)")
     elif isinstance(value, bool):
         hint = "; a size is a number, not a flag"
     raise ValueError(f"{name} must be {what}, got {value!r} (a {type(value).__name__}){hint}")
+
+
+def as_index(value: object) -> int | None:
+    """``value`` as an ``int`` if it is an integer index, else None: a Python or NumPy integer or a
+    0-d integer tensor (``w.argmax()``), never a ``bool`` (nor a bool tensor or NumPy bool)."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            return None
+        return int(value.item())
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def check_positive_int(value: object, name: str) -> int:

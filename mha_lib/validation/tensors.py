@@ -3,7 +3,7 @@ inputs of :func:`~mha_lib.scaled_dot_product_attention`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -11,8 +11,17 @@ from torch import Tensor
 from .masks import check_mask, check_mask_kind
 from .sizes import check_dropout, check_flag
 
-if TYPE_CHECKING:
-    from ..inference import KVCache
+
+class DecodingCache(Protocol):
+    """What :func:`check_cache` asks of a decoding cache (:class:`~mha_lib.KVCache`,
+    :class:`~mha_lib.LatentCache`): a structural type, so that the validation package never
+    imports the inference module, which imports it."""
+
+    def __len__(self) -> int: ...
+
+    def claim(self, owner: Any) -> None: ...
+
+    def extend(self, *args: Any, **kwargs: Any) -> Any: ...
 
 __all__ = ["check_attention_inputs", "check_cache", "check_forward", "check_qkv", "check_sequence", "same_tensor"]
 
@@ -78,7 +87,7 @@ def same_tensor(a: Tensor, b: Tensor) -> bool:
                       and a.dtype == b.dtype and a.device == b.device)
 
 
-def check_cache(cache: KVCache | None, query: Tensor, key: Tensor, value: Tensor, owner: Any = None) -> int:
+def check_cache(cache: DecodingCache | None, query: Tensor, key: Tensor, value: Tensor, owner: Any = None) -> int:
     """The number ``T`` of positions already cached (0 without a cache); a clear error for misuse.
 
     A cache serves self-attention (one tensor as query, key and value, recognised by its memory)
@@ -109,12 +118,12 @@ def _output_weight(module: Any) -> Tensor:
 
 
 def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                  cache: KVCache | None, return_weights: object = False) -> int:
+                  cache: DecodingCache | None, return_weights: object = False) -> int:
     """Every check of a multi-head ``forward``, once, at the door; returns ``T`` (cached positions).
 
     query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` of the module's dtype and
     device; ``cache`` as :func:`check_cache` says; ``mask`` against the scores
-    ``(B, H, Lq, T + Lk)``. A float mask's values are read (a host sync) except while decoding.
+    ``(B, H, Lq, T + Lk)``. A float mask's values are read (a host sync), while decoding too.
     Self-attention on a well-formed input, the step a decoder repeats, costs a few comparisons.
     """
     weight = _output_weight(module)
@@ -127,7 +136,7 @@ def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: 
     past = 0 if cache is None else check_cache(cache, query, key, value, owner=module)
     if mask is not None:
         scores = (query.size(0), module.num_heads, query.size(1), past + key.size(1))  # (B, H, Lq, T + Lk)
-        check_mask(mask, torch.Size(scores), query.device, values=cache is None)
+        check_mask(mask, torch.Size(scores), query.device)  # values too: a 0/1 float mask is refused with a cache as without
     return past
 
 
