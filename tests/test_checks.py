@@ -95,6 +95,25 @@ def test_sdpa_check_reports_exceptions_with_a_hint():
     assert "line" in result.message and "scores = q @ k.T" in result.message  # points at the learner's line
 
 
+def test_self_attention_check_names_a_needless_transpose_of_a_matrix():
+    """2.1 gives W_q as (d_model, d_k): x @ W_q.T is the mistake, not .T on a tensor of many axes."""
+    def transposes(x, W_q, W_k, W_v):
+        q, k, v = x @ W_q.T, x @ W_k.T, x @ W_v.T
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.size(-1)), dim=-1)
+        return weights @ v, weights
+
+    def right(x, W_q, W_k, W_v):
+        q, k, v = x @ W_q, x @ W_k, x @ W_v
+        weights = torch.softmax(q @ k.mT / math.sqrt(W_q.shape[1]), dim=-1)
+        return weights @ v, weights
+
+    result = checks.check_self_attention(transposes)
+    expect_fail(result, "raised RuntimeError", "W_q is a matrix (6, 4)", "the transpose is the mistake",
+                "drop the .T", status="error")
+    assert "more than two axes" not in result.hint
+    expect_pass(checks.check_self_attention(right))
+
+
 def test_sdpa_check_names_wrong_types_and_shapes():
     expect_fail(checks.check_scaled_dot_product_attention(lambda q, k, v, mask=None: sdpa(q, k, v, mask)[0]),
                 "returned one tensor", "return output, weights")
@@ -357,8 +376,25 @@ def test_attention_head_check():
             w = scores.softmax(-1)
             return w @ self.W_v(value), w
 
+    class HeadInOneLine(nn.Module):  # another right answer: default layers, a different body
+        def __init__(self, d_model, d_k, d_v):
+            super().__init__()
+            self.W_q, self.W_k = nn.Linear(d_model, d_k, bias=True), nn.Linear(d_model, d_k)
+            self.W_v = nn.Linear(d_model, d_v)
+
+        def forward(self, query, key, value, mask=None):
+            return mha_lib.scaled_dot_product_attention(self.W_q(query), self.W_k(key), self.W_v(value), mask)[0]
+
+    def no_bias(d_model, d_k, d_v):
+        head = Head(d_model, d_k, d_v)
+        head.W_q, head.W_k = nn.Linear(d_model, d_k, bias=False), nn.Linear(d_model, d_k, bias=False)
+        return head
+
     expect_pass(checks.check_attention_head(Head))
+    expect_pass(checks.check_attention_head(HeadInOneLine))
     expect_fail(checks.check_attention_head(lambda a, b, c: Head(a, b, c, scale_by_model=True)), "√d_model")
+    expect_fail(checks.check_attention_head(no_bias), "w_q, w_k were built with bias=false", "default layers",
+                "without bias=false")
 
 
 def test_self_attention_check():
@@ -401,10 +437,16 @@ def test_cross_attention_check():
         keep = torch.zeros(len(lengths), 1, 1, source.size(1), dtype=torch.bool, device=source.device)
         for b, n in enumerate(lengths):
             keep[b, ..., :n] = True
-        return mha(target, source, source, mask=keep, return_weights=True)
+        return mha(target, source, source, mask=keep)
 
     expect_pass(checks.check_cross_attention(right))
     expect_pass(checks.check_cross_attention(right_bool_loop))
+    expect_fail(checks.check_cross_attention(  # 4.3 asks for the output alone
+        lambda m, t, s, l: m(t, s, s, mask=mha_lib.padding_mask(l, max_len=s.size(1)).to(s.device), return_weights=True)),
+        "returned (output, weights)", "without return_weights=true")
+    result = checks.check_cross_attention(lambda m, t, s, l: m(t, s, s, mask=mha_lib.padding_mask(l, max_len=s.size(1))))
+    expect_fail(result, "device", status="error")  # the stand-in device's verdict gives the real fix
+    assert "mask.to(x.device)" in result.message and "to('meta')" not in result.message + result.hint
     expect_fail(checks.check_cross_attention(lambda m, t, s, l: m(t, s, s)), "padding was not masked")
     expect_fail(checks.check_cross_attention(lambda m, t, s, l: m(s, t, t)), "source's shape")
 
@@ -412,8 +454,10 @@ def test_cross_attention_check():
 # ------------------------------------------------------------------ chapter 05
 
 
-def copy_weights(mha):
-    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True)
+def copy_weights(mha, *, device_dtype=True):
+    weight = mha.W_q.weight
+    where = dict(device=weight.device, dtype=weight.dtype) if device_dtype else {}
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True, **where)
     with torch.no_grad():
         theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
         theirs.in_proj_bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
@@ -423,7 +467,7 @@ def copy_weights(mha):
 
 
 def copy_weights_load_state_dict(mha):
-    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True, dtype=torch.float64)
+    theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True).to(mha.W_q.weight)
     state = {
         "in_proj_weight": torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]),
         "in_proj_bias": torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]),
@@ -462,6 +506,22 @@ def test_copy_to_torch_check():
     expect_fail(checks.check_copy_to_torch(transposed), "transposed")
     expect_fail(checks.check_copy_to_torch(no_bias), "biases")
     expect_fail(checks.check_copy_to_torch(not_batch_first), "batch_first=true")
+
+
+def test_copy_to_torch_check_names_a_module_built_without_device_or_dtype():
+    """Issue 34: a copy built without device=/dtype= crashes on a float64 or CUDA module."""
+    def float64_on_the_cpu(mha):
+        theirs = nn.MultiheadAttention(mha.d_model, mha.num_heads, batch_first=True, dtype=torch.float64)
+        with torch.no_grad():
+            theirs.in_proj_weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
+            theirs.in_proj_bias.copy_(torch.cat([mha.W_q.bias, mha.W_k.bias, mha.W_v.bias]))
+            theirs.out_proj.load_state_dict(mha.W_o.state_dict())
+        return theirs
+
+    expect_fail(checks.check_copy_to_torch(lambda mha: copy_weights(mha, device_dtype=False)),
+                "float32 weights", "without dtype=", "dtype=weight.dtype")
+    expect_fail(checks.check_copy_to_torch(float64_on_the_cpu), "another device", "without device=",
+                "device=weight.device")
 
 
 def test_mask_conversion_checks():

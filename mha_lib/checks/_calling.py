@@ -58,8 +58,9 @@ def _code(frame: traceback.FrameSummary | None) -> str:
     return (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
 
 
-def _hint(error: BaseException, line: str) -> str:
-    """A hint from what can be told for sure: the exception's type and the learner's line."""
+def _hint(error: BaseException, line: str, transposed: list[tuple[str, tuple[int, ...]]] | None = None) -> str:
+    """A hint from what can be told for sure: the exception's type, the learner's line and the shapes of the
+    tensors the line transposes with ``.T`` (``transposed``: names and shapes, read from the learner's frame)."""
     if isinstance(error, AttributeError) and getattr(error, "name", None) == "d_v":
         return ("The listing in Transformers in Action uses self.d_v, which it never defines. Every head's "
                 "values have the same size as its keys: d_k = d_model // num_heads.")
@@ -71,6 +72,12 @@ def _hint(error: BaseException, line: str) -> str:
         return ("A tensor of more than one number is neither True nor False: to test whether an argument "
                 "was given, write `if mask is not None:`; for its values use .all() or .any().")
     if isinstance(error, RuntimeError) and re.search(r"\.T\b", line):
+        matrices = [(name, shape) for name, shape in transposed or () if len(shape) == 2]
+        if matrices and len(matrices) == len(transposed or ()):
+            name, shape = matrices[0]
+            return (f"{name} is a matrix {shape}, already laid out as the product needs: {name}.T turns it "
+                    f"into {shape[::-1]}, which no longer fits. The transpose is the mistake here: drop the .T "
+                    f"(use {name} as given, e.g. x @ {name}).")
         return ("On a tensor with more than two axes .T reverses all of them: to swap the last two axes use "
                 ".transpose(-2, -1) (or .mT).")
     if isinstance(error, RuntimeError) and ".view(" in line:
@@ -83,6 +90,32 @@ def _hint(error: BaseException, line: str) -> str:
         return ("The shapes don't fit. Print the shape of every intermediate tensor; a matrix product (..., n, m) "
                 "@ (..., m, p) needs the same m.")
     return "Call it yourself on small inputs and read the full traceback."
+
+
+def _transposed(error: BaseException, learner: traceback.FrameSummary | None,
+                line: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The names before ``.T`` on the learner's line (``W_q.T``, ``self.W.T``) that name tensors in the
+    frame that raised, with their shapes; names that can't be read are left out."""
+    names = re.findall(r"([A-Za-z_][\w.]*)\.T\b", line)
+    if learner is None or not names:
+        return []
+    frame = next((f for f, lineno in traceback.walk_tb(error.__traceback__)
+                  if f.f_code.co_filename == learner.filename and lineno == learner.lineno), None)
+    if frame is None:
+        return []
+    found = []
+    for name in names:
+        head, *attrs = name.split(".")
+        value = frame.f_locals.get(head, frame.f_globals.get(head))
+        try:
+            for attr in attrs:
+                value = inspect.getattr_static(value, attr) if not isinstance(value, torch.nn.Module) \
+                    else getattr(value, attr)
+        except AttributeError:
+            continue
+        if isinstance(value, torch.Tensor):
+            found.append((name, tuple(value.shape)))
+    return found
 
 
 def _learner_frame(frame: Any) -> bool:
@@ -125,7 +158,8 @@ def describe_error(error: BaseException, what: str) -> Verdict:
         return Verdict(ERROR, f"{what} raised {type(error).__name__} in mha_lib ({module}.{library.name}): "
                               f"{text}{where}",
                        "mha_lib refused what your code passed to it on that line; its message says what was wrong.")
-    return Verdict(ERROR, f"{what} raised {type(error).__name__}: {text}{where}", _hint(error, line))
+    return Verdict(ERROR, f"{what} raised {type(error).__name__}: {text}{where}",
+                   _hint(error, line, _transposed(error, learner, line)))
 
 
 class ForbiddenCallWatcher:

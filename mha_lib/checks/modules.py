@@ -229,8 +229,10 @@ def check_cross_attention(fn: Callable[..., Any]) -> CheckResult:
                                "Pass max_len=source.size(1): padding_mask(source_lengths, max_len=source.size(1)).") from None
                 raise
             check_unchanged(["target", "source"], [tgt, src], args, "your function")
-            if isinstance(out, (tuple, list)) and len(out) == 2:
-                out = out[0]
+            if isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(o, Tensor) for o in out):
+                raise fail("your function returned (output, weights), where the exercise asks for the output alone",
+                           "Call the module without return_weights=True (or return its first value): "
+                           "return mha(target, source, source, mask=...), a (B, Lt, d_model) tensor.")
             B, Lt = tgt.shape[:2]
             if isinstance(out, Tensor) and out.shape == src.shape != tgt.shape:
                 raise fail(f"the output has the source's shape {tuple(src.shape)}, expected {(B, Lt, D)}",

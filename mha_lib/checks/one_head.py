@@ -42,6 +42,12 @@ def check_attention_head(cls: Any) -> CheckResult:
         model = instantiate(cls, (D, d_k, d_v), "your class")
         layers = {attr: linear_attr("your head", model, attr, D, size)
                   for attr, size in (("W_q", d_k), ("W_k", d_k), ("W_v", d_v))}
+        no_bias = [attr for attr, layer in layers.items() if layer.bias is None]
+        if no_bias:
+            raise fail(f"your head's {', '.join(no_bias)} {'was' if len(no_bias) == 1 else 'were'} built with "
+                       "bias=False, where the exercise asks for default layers (with a bias)",
+                       "Create them as nn.Linear(d_model, d_k) and nn.Linear(d_model, d_v), without bias=False: "
+                       "the check (and mha_lib.AttentionHead) expects the bias PyTorch adds by default.")
         w = set_weights(layers, g)
         cases = mha_cases(g, D)
         for case in cases:

@@ -10,9 +10,12 @@ from torch import Tensor, nn
 
 from ..masks import causal_mask, padding_mask
 from ..multi_head import MultiHeadAttention
-from ._core import CheckResult, call, close, expect_tensor, fail, gen, randn, run_check
+from ._core import CheckResult, call, close, expect_tensor, fail, gen, on_meta, randn, run_check
 from .reference import multi_head, projections
 
+DEVICE_DTYPE_HINT = ("Build it where the module you copy lives: weight = mha.W_q.weight, then "
+                     "nn.MultiheadAttention(d_model, num_heads, batch_first=True, device=weight.device, "
+                     "dtype=weight.dtype) (or .to(weight) after building it).")
 CONVENTION_HINT = ("nn.MultiheadAttention's masks mean True = *blocked*, the opposite of mha_lib and "
                    "F.scaled_dot_product_attention: invert with ~mask.")
 
@@ -64,6 +67,11 @@ def check_copy_to_torch(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
                                "Stack them as torch.cat([W_q.weight, W_k.weight, W_v.weight]): queries, keys, values.")
                 raise fail("in_proj_weight doesn't hold W_q, W_k and W_v",
                            "Copy torch.cat([W_q.weight, W_k.weight, W_v.weight]) into in_proj_weight under torch.no_grad().")
+            if theirs.in_proj_weight.dtype != mha.W_q.weight.dtype:
+                raise fail(f"it holds {theirs.in_proj_weight.dtype} weights, but the module it copies is "
+                           f"{mha.W_q.weight.dtype} (a float64 module, as the check hands over): it was built "
+                           "without dtype=, so copy_ rounded the weights to PyTorch's default dtype",
+                           DEVICE_DTYPE_HINT)
             expected_bias = torch.cat([w["W_q"][1], w["W_k"][1], w["W_v"][1]])
             if theirs.in_proj_bias is None or not _same(theirs.in_proj_bias.double(), expected_bias):
                 raise fail("in_proj_bias doesn't hold the biases of W_q, W_k and W_v",
@@ -80,9 +88,29 @@ def check_copy_to_torch(fn: Callable[[MultiHeadAttention], Any]) -> CheckResult:
                     if not close(out, multi_head(w, q, kv, kv, None, H)[0]):
                         raise fail("the weights look right but the outputs differ",
                                    "Check dropout (use the same value) and that the module is in eval mode.")
+        _check_device(fn)
         return "the copied module gives the same outputs (self- and cross-attention, 2 configurations)"
 
     return run_check("copy to nn.MultiheadAttention", body)
+
+
+def _check_device(fn: Callable[[MultiHeadAttention], Any]) -> None:
+    """The copy of a module on another device (meta, the checks' stand-in for a GPU) must be there too."""
+    mha = on_meta(_twin(8, 2, 13)[0])
+    where = ("a module on another device (the check uses 'meta', which holds shapes but no numbers, "
+             "in place of a GPU)")
+    try:
+        theirs = fn(mha)
+    except Exception as error:  # noqa: BLE001 - the learner's code: a verdict, never a crash
+        if "meta" in str(error):
+            raise fail(f"your function fails on {where}: {type(error).__name__}: {str(error).splitlines()[0]} "
+                       "(right on the CPU: it built its module on the CPU, without device=)",
+                       DEVICE_DTYPE_HINT) from None
+        return  # anything else the meta device can't do is not a device mistake
+    weight = getattr(theirs, "in_proj_weight", None)
+    if isinstance(weight, Tensor) and weight.device != mha.W_q.weight.device:
+        raise fail(f"given {where}, your function returned a module on {weight.device}: it was built without "
+                   "device=", DEVICE_DTYPE_HINT)
 
 
 def _torch_out(model: nn.MultiheadAttention, x: Tensor, **masks: Any) -> Tensor:
