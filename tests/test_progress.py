@@ -5,7 +5,8 @@ under its heading), the table's layout, a notebook that is not valid JSON, exerc
 started. With kernels (few, small: each start costs seconds): a workspace with chapter 01's
 solutions (all pass), chapter 02's untouched exercises (all "not implemented"), chapter 03
 with a wrong answer and a half-typed cell, chapter 05 whose imports fail, chapter 04 as
-broken JSON, run through the command line; and a notebook that hangs, stopped by the limit.
+broken JSON, run through the command line; a notebook that hangs, stopped by the limit; and
+an error below the last check, on a line of its own.
 The learner's files are never modified.
 """
 
@@ -287,6 +288,34 @@ def test_waiting_and_last_runs_in_a_kernel(tmp_path):
     assert rows == {"1.1": ("not implemented", "not implemented yet"),
                     "1.2": ("not implemented", "waits for exercise 1.1: halves_mask is not implemented yet"),
                     "1.3": ("passed", "passed")}, report.rows
+
+
+def test_an_error_below_the_last_check_is_reported_on_its_own_line(tmp_path):
+    """Issue 34: the run went up to the last check only, so a cell below it that raises was never
+    reported although the README says the notebooks run top to bottom. The checks keep their verdicts."""
+    root = tmp_path / "course"
+    (root / "exercises").mkdir(parents=True)
+    (root / "workspace").mkdir()
+    head = [("markdown", "# Exercises · Chapter 01 · Tiny"),
+            ("code", "import torch\nfrom mha_lib.checks import check_causal_mask")]
+    exercise = [("markdown", "## Exercise 1.1 · Causal"),
+                ("code", "check_causal_mask(lambda L: torch.ones(L, L, dtype=torch.bool).tril())")]
+    (root / "exercises" / "01_tiny.ipynb").write_text(json.dumps(notebook(head + exercise)))
+    (root / "workspace" / "01_tiny.ipynb").write_text(json.dumps(notebook(head + exercise + [
+        ("code", "ratio = 1 / 0"),  # the learner's experiment, under the exercise's heading
+        ("markdown", "## Done?"), ("code", "print('fine')"), ("code", "undefined_name")])))
+    report = progress.check_workspace(root, timeout=60)
+    rows = [(r.exercise.number if r.exercise else r.label, r.status, r.message) for r in report.rows]
+    assert rows == [
+        ("1.1", "passed", "passed"),
+        ("(below the last check)", "error",
+         'the cell "ratio = 1 / 0", below the last check, raised ZeroDivisionError: division by zero'),
+        ("(below the last check)", "error",
+         "the cell \"undefined_name\", below the last check, raised NameError: name 'undefined_name' is not defined"),
+    ], report.rows
+    lines = progress.render(report).splitlines()
+    assert [line for line in lines if "below the last check" in line][0].split()[:3] == ["(below", "the", "last"]
+    assert sum("💥" in line for line in lines) == 2 and lines[-1].startswith("1 of 1 exercises done.")
 
 
 # ------------------------------------------------- a chapter the course renumbered (09 -> 10)

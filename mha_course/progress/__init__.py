@@ -14,13 +14,14 @@ exercise::
 
 How it works. The list of exercises comes from the course's generated ``exercises/NN_*.ipynb``:
 each ``### Exercise N.M · Title`` heading and the check called under it (``check_x(...)``).
-Each of your notebooks runs top to bottom (up to its last check) with ``nbclient``, errors
+Each of your notebooks runs top to bottom (to its last cell) with ``nbclient``, errors
 allowed, within a time limit, and with ``MHA_CHECK_LOG`` naming a temporary file: every
 check call appends one JSON line to it, ``{"check", "status", "message", "hint"}``
 (:func:`mha_lib.checks._result.log_result`). The last run of each check is its verdict (a failed
 attempt above a fixed one no longer counts), and an exercise whose code calls the stub of an
 earlier one says so: "⏳ waits for exercise 12.1: halves_mask is not implemented yet". A notebook
-that raises, runs past the limit, or can't be read (half-edited JSON) gives a line in the table,
+that raises, runs past the limit, or can't be read (half-edited JSON) gives a line in the table
+(a cell below the last check that raises: a line "(below the last check)" of its own),
 never a traceback.
 
 The package, by job: :mod:`~mha_course.progress.exercises` reads the table of exercises from

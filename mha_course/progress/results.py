@@ -1,7 +1,7 @@
 """What the table of :mod:`mha_course.progress` holds: the statuses, its rows and the report.
 
 A row is one exercise of one chapter (or, with ``exercise=None``, a whole notebook that could
-not be read or run); its ``status`` is a check's own (``passed``, ``not implemented``,
+not be read or run, or a cell below its last check that failed); its ``status`` is a check's own (``passed``, ``not implemented``,
 ``failed``, ``error``) or one of those below, which say why no check result came.
 """
 
@@ -30,6 +30,8 @@ class Row:
     exercise: Exercise | None
     status: str
     message: str = ""
+    label: str | None = None  # what the exercise column says for a row of no exercise
+
 
     @property
     def done(self) -> bool:

@@ -1,10 +1,11 @@
 """Running the learner's notebooks: each in a fresh kernel, collecting what its checks said.
 
-A copy of each notebook in ``workspace/`` (the file is never written) runs top to bottom, up to
-its last check, with ``nbclient``: errors allowed, within a time limit, and with
+A copy of each notebook in ``workspace/`` (the file is never written) runs top to bottom, to its
+last cell, with ``nbclient``: errors allowed, within a time limit, and with
 ``MHA_CHECK_LOG`` naming a temporary file to which every check call appends one JSON line
 (:func:`mha_lib.checks._result.log_result`). Each cell is assigned to an exercise, and each
-exercise gets a verdict from its cells' check results and errors. PyTorch runs only in the
+exercise gets a verdict from its cells' check results and errors; an error (or a timeout) in a
+cell below the last check gets a row of its own. PyTorch runs only in the
 kernels; nbformat and nbclient are imported only when a notebook is read or run.
 """
 
@@ -96,11 +97,16 @@ def _cell(cell: NotebookNode) -> str:
     return f'the cell "{_clip(first, 40)}"'
 
 
+AFTER_CHECKS = "(below the last check)"  # the label of the row of a cell below every check
+
+
 def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeout: float,
-         outcomes: dict[str, Outcome]) -> Row | None:
-    """Run the notebook's cells up to its last check, in one fresh kernel, and fill in
-    ``outcomes``. Returns a row for the whole notebook when the run stopped outside every
-    exercise (a cell at the top that hangs, or a kernel that dies there)."""
+         outcomes: dict[str, Outcome], after: list[Row] | None = None) -> Row | None:
+    """Run the notebook's cells, all of them, in one fresh kernel, and fill in ``outcomes``.
+    Returns a row for the whole notebook when the run stopped outside every exercise (a cell at
+    the top that hangs, or a kernel that dies there). A cell below the last check that raises,
+    hangs or kills the kernel adds a row to ``after`` (the checks above have their verdicts)."""
+    after = [] if after is None else after
     import logging
 
     from nbclient import NotebookClient
@@ -128,8 +134,23 @@ def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeo
         with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
             deadline = time.monotonic() + timeout  # the kernel's start is not counted
             position = 0
-            for index, cell in enumerate(nb.cells[: check_cells[-1] + 1]):
+            for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
+                    continue
+                if index > check_cells[-1]:  # below every check: its errors are the notebook's own
+                    client.timeout = max(1, int(deadline - time.monotonic() + 0.999))
+                    try:
+                        client.execute_cell(cell, index)
+                    except CellTimeoutError:
+                        after.append(Row("", None, TIMED_OUT, f"{_cell(cell)}, below the last check, was still "
+                                                              f"running after the {timeout:g} s limit"))
+                        return None
+                    except DeadKernelError:
+                        after.append(Row("", None, ERROR, f"the kernel died in {_cell(cell)}, below the last check "
+                                                          "(out of memory, or a crash?)"))
+                        return None
+                    after += [Row("", None, ERROR, f"{_cell(cell)}, below the last check, raised {_error_line(o)}")
+                              for o in cell.get("outputs", []) if o.get("output_type") == "error"]
                     continue
                 owner = owners[index]
                 outcome = outcomes[owner.number] if owner else None
@@ -262,14 +283,16 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> li
             cell.outputs, cell.execution_count = [], None
     owners = assign_cells(nb.cells, exercises)
     outcomes = {e.number: Outcome() for e in exercises}
+    after: list[Row] = []
     try:
-        whole = _run(nb, path.parent, owners, timeout, outcomes)
+        whole = _run(nb, path.parent, owners, timeout, outcomes, after)
     except Exception as error:  # noqa: BLE001 - the kernel would not start, ...
         return [Row(chapter, None, ERROR, f"could not run workspace/{path.name}: "
                                           f"{type(error).__name__}: {_one_line(str(error))}")]
     rows = [Row(chapter, None, whole.status, whole.message)] if whole else []
     definitions = defined_functions(nb.cells, owners)
-    return rows + [Row(chapter, e, *verdict(e, outcomes[e.number], definitions)) for e in exercises]
+    tail = [Row(chapter, None, row.status, row.message, label=AFTER_CHECKS) for row in after]
+    return rows + [Row(chapter, e, *verdict(e, outcomes[e.number], definitions)) for e in exercises] + tail
 
 
 def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,

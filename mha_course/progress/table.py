@@ -25,7 +25,8 @@ def render(report: Report, width: int | None = None) -> str:
         chapter = "" if row.chapter == last else \
             f"{row.chapter[:2]} {report.chapter_titles.get(row.chapter, row.chapter[3:])}"
         last = row.chapter
-        exercise = f"{row.exercise.number} {row.exercise.title}" if row.exercise else "(the whole notebook)"
+        exercise = (f"{row.exercise.number} {row.exercise.title}" if row.exercise
+                    else row.label or "(the whole notebook)")
         icon = ICONS.get(row.status, "")
         lines.append((_clip(chapter, 34), _clip(exercise, 42), f"{icon} {row.message}".strip()))
     w0 = max([len(head[0])] + [len(a) for a, _, _ in lines])
