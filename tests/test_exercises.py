@@ -171,3 +171,12 @@ def test_course_root_error(tmp_path, monkeypatch):
     monkeypatch.setattr(workspace, "__file__", str(tmp_path / "mha_course" / "workspace.py"))
     with pytest.raises(workspace.WorkspaceError, match="can't find the course's exercises/ folder"):
         workspace.course_root()
+
+
+def test_the_exercises_readme_updates_as_the_readme_says():
+    """Issue 34: exercises/README.md said `git pull` and `git stash` where the README says `make update`
+    (a plain pull stops on notebooks that were run; make update saves the learner's edits first)."""
+    text = (ROOT / "exercises" / "README.md").read_text(encoding="utf-8")
+    assert "make update" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make update" in text and "make progress" in text and "workspace/saved/" in text
+    assert "git stash" not in text and "Updating the course (`git pull`)" not in text
