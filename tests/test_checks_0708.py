@@ -300,3 +300,32 @@ def test_ablation_losses_says_how_many_calls_ran():
     result = checks.check_ablation_losses(ablation)
     expect_pass(result)
     assert "in 5 calls" in str(result), result
+
+
+# ------------------------------------------------------------------ 8.2 scores
+
+from test_checks_induction import induction_loop, prev_diagonal  # noqa: E402
+
+_scores_by_shape = {}
+
+
+def previous_cached_on_the_shape(weights):
+    key = tuple(weights.shape)
+    if key not in _scores_by_shape:
+        _scores_by_shape[key] = prev_diagonal(weights)
+    return _scores_by_shape[key]
+
+
+def induction_cached_on_the_shape(weights, batch):
+    key = tuple(weights.shape)
+    if key not in _scores_by_shape:
+        _scores_by_shape[key] = induction_loop(weights, batch)
+    return _scores_by_shape[key]
+
+
+def test_score_checks_name_a_result_kept_from_an_earlier_call_and_say_which_heads_differ():
+    _scores_by_shape.clear()
+    expect_fail(checks.check_previous_token_score(previous_cached_on_the_shape), "earlier call's scores came back")
+    _scores_by_shape.clear()
+    expect_fail(checks.check_induction_score(induction_cached_on_the_shape), "earlier call's scores came back")
+    expect_fail(checks.check_previous_token_score(lambda w: prev_diagonal(w) * 1.01), "every head differs")

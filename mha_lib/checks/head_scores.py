@@ -137,6 +137,12 @@ def _previous_mistakes(w: Tensor) -> list[Mistake]:
     ]
 
 
+def _stale(earlier: list[Tensor]) -> Mistake:
+    return ("an earlier call's scores came back (a result kept from call to call, e.g. keyed on the shape)",
+            lambda: list(earlier), "Keep nothing from one call to the next: compute from this call's weights, every "
+                                   "time.")
+
+
 def check_previous_token_score(fn: Callable[[Tensor], Any]) -> CheckResult:
     """Check ``fn(weights) -> (H,)``: for attention weights ``(B, H, L, L)``, each head's mean
     weight from query ``t`` to key ``t - 1``, over ``t = 1 ... L - 1`` and the batch; the
@@ -151,7 +157,9 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> CheckResult:
             (_perfect_previous(2, 3, 7), "a perfect previous-token head (weight 1 on key t - 1), which scores 1"),
             (_uniform_weights(3, 2, 8), "uniform causal attention, which scores the uniform baseline "
                                         f"{_scores.uniform_previous_token_score(8):.4f}"),
+            (_causal_weights(g, 3, 2, 6), "other random causal weights of the first input's shape (3, 2, 6, 6)"),
         ]
+        earlier: list[Tensor] = []
         for w, label in cases:
             B, H, L, _ = w.shape
             (arg,) = cloned(w)
@@ -165,8 +173,9 @@ def check_previous_token_score(fn: Callable[[Tensor], Any]) -> CheckResult:
             expected = _scores.previous_token_score(w64)
             if not close(out, expected):
                 shown = ", ".join(f"{v:.3f}" for v in out.double().tolist())
-                raise diagnose(out, _previous_mistakes(w64), f"wrong scores for {label} (yours: {shown})",
-                               PREVIOUS_DEFINITION)
+                raise diagnose(out, _previous_mistakes(w64) + [_stale(earlier)], f"wrong scores for {label} (yours: "
+                               f"{shown})", PREVIOUS_DEFINITION, expected=expected, dim=0, axis="head")
+            earlier.append(out)
         _score_gradient(fn, cases[0][0], _scores.previous_token_score)
         check_device_care(fn, on_meta(cases[0][0]), what="your function", hint=DEVICE_HINT)
         return (f"right on {len(cases)} inputs (a perfect previous-token head and uniform attention included), "
@@ -268,7 +277,9 @@ def check_induction_score(fn: Callable[[Tensor, RepeatBatch], Any]) -> CheckResu
             (_perfect_induction(b3, 2), b3, "a perfect induction head (weight 1 on key first + i + 1), which scores 1"),
             (_uniform_weights(6, 2, 16), b1, "uniform causal attention, which scores the uniform baseline "
                                              f"{_scores.uniform_induction_score(b1):.4f}"),
+            (_causal_weights(g, 6, 3, 16), b1, "other random causal weights of the first input's shape (6, 3, 16, 16)"),
         ]
+        earlier: list[Tensor] = []
         for w, batch, label in cases:
             B, H, L, _ = w.shape
             (arg,), given = cloned(w), copy_batch(batch)
@@ -281,10 +292,12 @@ def check_induction_score(fn: Callable[[Tensor, RepeatBatch], Any]) -> CheckResu
             expect_score_dtype(out, w.dtype, what)
             out = expect_tensor(out, what, (H,), dtype=w.dtype, explain=" (H,), one score per head")
             w64 = w.double()
-            if not close(out, _scores.induction_score(w64, batch)):
+            expected = _scores.induction_score(w64, batch)
+            if not close(out, expected):
                 shown = ", ".join(f"{v:.3f}" for v in out.double().tolist())
-                raise diagnose(out, _induction_mistakes(w64, batch), f"wrong scores for {label} (yours: {shown})",
-                               INDUCTION_DEFINITION)
+                raise diagnose(out, _induction_mistakes(w64, batch) + [_stale(earlier)], f"wrong scores for {label} "
+                               f"(yours: {shown})", INDUCTION_DEFINITION, expected=expected, dim=0, axis="head")
+            earlier.append(out)
         _score_gradient(fn, cases[0][0], lambda w: _scores.induction_score(w, b1), copy_batch(b1))
         check_device_care(fn, on_meta(cases[0][0]), on_meta(b1), what="your function",
                           hint=DEVICE_HINT + " Move the batch's positions there too: batch.first.to(weights.device).")
