@@ -42,8 +42,11 @@ from mha_lib.checks import check_alibi_bias, check_apply_rotary, check_rotary_at
 # $$(a, b) \mapsto (a\cos\varphi - b\sin\varphi,\; a\sin\varphi + b\cos\varphi).$$
 #
 # Return a tensor of the same shape, the rotated first halves in features `[0, d_k/2)` and the
-# rotated second halves in `[d_k/2, d_k)`. Don't call `mha_lib.apply_rotary`: the check compares
-# your code with it.
+# rotated second halves in `[d_k/2, d_k)`. **Device and dtype:** the result has `x`'s dtype and
+# device; make every tensor you create (the frequencies, the angles) in `x.dtype` and on
+# `x.device`, and move `positions` there (the check runs your function in float64, and once more
+# with its inputs on another device). Don't call `mha_lib.apply_rotary`: the check compares your
+# code with it.
 #
 # <details><summary>Hint 1</summary>
 #
@@ -75,15 +78,15 @@ check_apply_rotary(apply_rotary)
 # your code here
 
 # %% [markdown]
-#
-
-# %% [markdown]
 # ## Exercise 6.2 · One rotary attention step
 #
 # Write `rotary_attention(query, key, value, mask=None)` for per-head tensors `(B, H, L, d_k)`
 # (the output of `split_heads`): rotate what needs rotating with the positions `0 .. L-1`, then
 # attend with `scaled_dot_product_attention` (imported above; `mask` as in chapter 04, True = may
-# attend). Return the output `(B, H, L, d_k)`. You may use your `apply_rotary` from 6.1.
+# attend). Return the output `(B, H, L, d_k)`, in the inputs' dtype and on their device: make the
+# positions on the query's device, `torch.arange(L, device=query.device)` (the check runs your
+# function in float64, and once more with its inputs on another device). You may use your
+# `apply_rotary` from 6.1.
 #
 # <details><summary>Hint</summary>
 #
@@ -98,9 +101,6 @@ def rotary_attention(query, key, value, mask=None):
 
 # %%
 check_rotary_attention(rotary_attention)
-
-# %% [markdown]
-#
 
 # %% [markdown]
 # ## Exercise 6.3 · An ALiBi bias
@@ -156,9 +156,6 @@ check_alibi_bias(alibi_bias)
 
 # %%
 # your code here
-
-# %% [markdown]
-#
 
 # %% [markdown]
 # ## Done?

@@ -47,7 +47,11 @@ from mha_lib.checks import check_blockwise_attention, check_fused_projection
 #
 # Write `fuse_projections(mha)` that returns one `nn.Linear(d_model, 3 * d_model)` computing
 # the queries, keys and values of a `MultiHeadAttention` in a single matrix product: its output,
-# cut into three along the last axis, must be `(W_q(x), W_k(x), W_v(x))`.
+# cut into three along the last axis, must be `(W_q(x), W_k(x), W_v(x))`. **Device and dtype:**
+# make the layer on the module's device and in its dtype (`nn.Linear(..., device=..., dtype=...)`):
+# the check hands over float64 and float32 modules, and one on another device. Leave the module as
+# you found it (its mode, `requires_grad`, hooks and weights), and build a new layer on every call:
+# the check calls your function again after changing the module's weights.
 #
 # <details><summary>Hint</summary>
 #
@@ -95,7 +99,11 @@ print("fused == separate:", all(torch.allclose(a, b(x), atol=1e-6) for a, b in (
 #
 # Write `blockwise_attention(query, key, value, block_size)` that does this (no mask): query
 # `(..., Lq, d_k)`, key `(..., Lk, d_k)`, value `(..., Lk, d_v)`; return the output
-# `(..., Lq, d_v)`. `Lk` need not be a multiple of `block_size`.
+# `(..., Lq, d_v)`. `Lk` need not be a multiple of `block_size`. Compute one block's scores at a
+# time, in a loop: the check records the sizes of the products your code computes, and refuses the
+# `(Lq, Lk)` scores and all the blocks' scores computed at once (keys reshaped into blocks). Make
+# the running quantities in the query's dtype and on its device (the check runs your function once
+# more on another device).
 #
 # <details><summary>Hint 1</summary>
 #

@@ -62,6 +62,26 @@ def _drop_solution_cells(lines: list[str]) -> list[str]:
     return kept
 
 
+def _drop_empty_markdown(lines: list[str]) -> list[str]:
+    """Leave out the markdown cells that hold nothing once the solution's blocks are removed (a discussion
+    cell that was all ``<!-- BEGIN SOLUTION -->`` ... ``<!-- END SOLUTION -->``)."""
+    kept: list[str] = []
+    cell: list[str] = []
+
+    def flush() -> None:
+        if cell and cell[0].startswith("# %% [markdown]") and all(line.strip() in ("", "#") for line in cell[1:]):
+            return
+        kept.extend(cell)
+
+    for line in lines:
+        if line.startswith("# %%"):
+            flush()
+            cell = []
+        cell.append(line)
+    flush()
+    return kept
+
+
 def make_exercise(solution: str, name: str = "solution") -> str:
     """The exercise script for one solution script (py:percent text)."""
     out: list[str] = []
@@ -110,6 +130,7 @@ def make_exercise(solution: str, name: str = "solution") -> str:
         if line == "#" and tidy and (tidy[-1] == "#" or tidy[-1].startswith("# %% [markdown]")):
             continue
         tidy.append(line)
+    tidy = _drop_empty_markdown(tidy)
     text = "\n".join(tidy) + "\n"
     # Normalise through jupytext, as building the notebook will.
     config = load_jupytext_config(str(EXERCISES))
