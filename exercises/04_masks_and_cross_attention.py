@@ -94,7 +94,9 @@ check_masked_attention(masked_attention)
 #
 # - `target`: `(B, Lt, d_model)`, `source`: `(B, Ls, d_model)` padded (perhaps beyond its longest
 #   sentence), `source_lengths`: the true length of each source sentence;
-# - return the output `(B, Lt, d_model)`; no target word may attend to the source's padding.
+# - return the output `(B, Lt, d_model)`; no target word may attend to the source's padding;
+# - make every tensor you create (the mask) on the inputs' device, e.g. `.to(source.device)`: the
+#   check also runs your function on another device (a stand-in for a GPU).
 #
 # <details><summary>Hint</summary>
 #

@@ -91,6 +91,8 @@ check_key_padding_mask_for_torch(to_key_padding_mask)
 #   `(3 * d_model, d_model)` (queries, then keys, then values) and their biases in `in_proj_bias`;
 #   the output projection is `out_proj`.
 # - `mha.d_model` and `mha.num_heads` give the sizes. Leave `mha` itself unchanged.
+# - Build the new module on `mha`'s device and with its dtype (`device=` and `dtype=`, read from
+#   `mha.W_q.weight`): the check hands over a float64 module, and one on another device.
 #
 # <details><summary>Hint 1</summary>
 #

@@ -88,7 +88,8 @@ def check_mask(mask: Tensor, scores_shape: torch.Size, device: torch.device | No
     this module's docstring). Refused, besides: integer masks (``0/1`` would silently be
     *added*), float masks of only 0s and 1s (the same mistake; an all-zero float mask is
     a valid "no bias" and passes), float masks with NaN or +inf, and a mask on another ``device``.
-    ``values=False`` skips reading a float mask's values (a host sync on a GPU), e.g. while decoding.
+    ``values=False`` skips reading a float mask's values (a host sync on a GPU); the modules always read them,
+    with a cache too (a 0/1 float mask blocks nothing while decoding either).
     """
     if (isinstance(mask, Tensor) and (mask.dtype == torch.bool or (not values and mask.is_floating_point()))
             and mask.ndim <= len(scores_shape)
