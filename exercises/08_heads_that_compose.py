@@ -108,7 +108,7 @@ check_repeated_segment_batch(repeated_segment_batch)
 # A head's score is its mean attention weight on one chosen key per query. Both functions take
 # one layer's weights `(B, H, L, L)` (rows are queries, columns keys, each row sums to 1, as
 # `model(tokens, return_weights=True)` gives them) and return one score per head, `(H,)`, in
-# the weights' dtype and differentiable (no `.item()`, no `torch.no_grad()`).
+# the weights' dtype, on their device, and differentiable (no `.item()`, no `torch.no_grad()`).
 #
 # 1. `previous_token_score(weights)`: the mean of `weights[b, h, t, t - 1]` over the queries
 #    `t = 1 ... L - 1` (query 0 has no previous token) and over the batch.
@@ -158,7 +158,8 @@ check_induction_score(induction_score)
 # tokens with head `h` of layer `l` silenced. Silence a head with
 # `with silence_heads(model.layers[l], [h]):` and compute the logits inside that block;
 # `losses(logits, batch)` returns `(all, predictable, other)`. Return the losses themselves (not
-# their difference from the intact model's loss), and leave the model as you found it.
+# their difference from the intact model's loss), in the model's dtype, and leave the model as you
+# found it (its mode, weights, `requires_grad`, no hook left behind).
 #
 # <details><summary>Hint</summary>
 #

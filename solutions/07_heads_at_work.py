@@ -59,7 +59,8 @@ from mha_lib.sentiment.findings import independent, learned, negation_head_of
 # 2. `x = x + feed_forward(norm2(x))` (the position-wise network, with a residual);
 # 3. return `x`, shape `(B, L, d_model)`.
 #
-# (Chapter 07's `mha_lib.EncoderLayer` also has dropout; it is left out here.)
+# (Chapter 07's `mha_lib.EncoderLayer` also has dropout; it is left out here.) The output keeps `x`'s
+# dtype and device, and `forward` changes nothing in the layer (its mode, weights, `requires_grad`).
 #
 # <details><summary>Hint</summary>
 #
@@ -98,7 +99,8 @@ check_encoder_layer(EncoderLayer)
 # To learn what a head is for, switch it off and see what breaks. Write
 # `silence_head(mha, x, head)` returning the output of self-attention of `x (B, L, d_model)`
 # through the `MultiHeadAttention` `mha`, with head `head`'s output replaced by zeros **just
-# before** the output projection `W_o`. Leave `mha`'s weights unchanged.
+# before** the output projection `W_o`, in `x`'s dtype and on its device. Leave `mha` as you found it:
+# its weights, its mode, `requires_grad`, and no hook left behind.
 #
 # <details><summary>Hint 1</summary>
 #

@@ -138,7 +138,7 @@ check_repeated_segment_batch(repeated_segment_batch)
 # A head's score is its mean attention weight on one chosen key per query. Both functions take
 # one layer's weights `(B, H, L, L)` (rows are queries, columns keys, each row sums to 1, as
 # `model(tokens, return_weights=True)` gives them) and return one score per head, `(H,)`, in
-# the weights' dtype and differentiable (no `.item()`, no `torch.no_grad()`).
+# the weights' dtype, on their device, and differentiable (no `.item()`, no `torch.no_grad()`).
 #
 # 1. `previous_token_score(weights)`: the mean of `weights[b, h, t, t - 1]` over the queries
 #    `t = 1 ... L - 1` (query 0 has no previous token) and over the batch.
@@ -211,7 +211,8 @@ check_induction_score(induction_score)
 # tokens with head `h` of layer `l` silenced. Silence a head with
 # `with silence_heads(model.layers[l], [h]):` and compute the logits inside that block;
 # `losses(logits, batch)` returns `(all, predictable, other)`. Return the losses themselves (not
-# their difference from the intact model's loss), and leave the model as you found it.
+# their difference from the intact model's loss), in the model's dtype, and leave the model as you
+# found it (its mode, weights, `requires_grad`, no hook left behind).
 #
 # <details><summary>Hint</summary>
 #
@@ -241,11 +242,13 @@ check_ablation_losses(ablation_losses)
 # <!-- BEGIN SOLUTION -->
 # **Discussion.** The check runs your function on small *untrained* models with seeded weights:
 # whether the table is right doesn't depend on training, and an untrained model is quick and the
-# same on every machine. It also calls it twice on the same model and looks for what a slip
-# leaves behind: a hook never removed (the next forward pass still silences a head), the model
-# in training mode, gradients switched off for good. `with silence_heads(...)` and
-# `with torch.no_grad()` undo themselves when the block ends, even after an error. Silencing one
-# head at a time is the question here; silencing a whole layer answers another one.
+# same on every machine. It hands them over in training mode with gradients on, calls your function
+# more than once on the same model (again after its weights change) and looks for what a slip
+# leaves behind: a hook never removed (the next forward pass still silences a head), the model's
+# mode or `requires_grad` changed, gradients switched off for good, a result kept from an earlier
+# call. `with silence_heads(...)` and `with torch.no_grad()` undo themselves when the block ends,
+# even after an error. Silencing one head at a time is the question here; silencing a whole layer
+# answers another one.
 # <!-- END SOLUTION -->
 #
 # ## Which heads does a trained model use?
