@@ -58,9 +58,6 @@ def sliding_window_mask(seq_len, window):
 check_sliding_window_mask(sliding_window_mask)
 
 # %% [markdown]
-#
-
-# %% [markdown]
 # ## Exercise 11.2 · Share key/value heads
 #
 # Write `repeat_kv(x, n_rep)`: from `x (B, H_kv, L, d_k)`, the key (or value) heads of a
@@ -81,9 +78,6 @@ def repeat_kv(x, n_rep):
 
 # %%
 check_repeat_kv(repeat_kv)
-
-# %% [markdown]
-#
 
 # %% [markdown]
 # ## Exercise 11.3 · One decoding step with a cache
@@ -128,9 +122,6 @@ check_cached_attention(attend_with_cache)
 # your code here
 
 # %% [markdown]
-#
-
-# %% [markdown]
 # ## Exercise 11.4 · Absorb the up-projections
 #
 # Multi-head latent attention (chapter 11, section 7) caches one latent `c = W_dkv x` per token;
@@ -146,7 +137,10 @@ check_cached_attention(attend_with_cache)
 #   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o.weight` that reads head `h`.
 #
 # These are what `mla.absorbed_weights()` returns; don't call it. `W_uk`, `W_uv` and `W_o` are
-# `nn.Linear` layers.
+# `nn.Linear` layers. Read every size from the module (`mla.num_heads`, `mla.d_k`, `mla.d_latent`):
+# the check hands over modules of other sizes than the example's, in training mode with gradients
+# on, and the same module again after changing its weights; return tensors in the module's dtype,
+# and leave the module as you found it (its mode, `requires_grad`, hooks and weights).
 #
 # <details><summary>Hint 1</summary>
 #
@@ -184,9 +178,6 @@ check_absorb_up_projections(absorb_up_projections)
 
 # %%
 # your code here
-
-# %% [markdown]
-#
 
 # %% [markdown]
 # ## Done?

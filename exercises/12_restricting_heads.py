@@ -76,7 +76,10 @@ check_halves_mask(halves_mask)
 #
 # Write `restricted_attention(mha, x)`: self-attention of `x (B, L, d_model)` through the
 # two-head `mha_lib.MultiHeadAttention` `mha`, with head 0 restricted to the first half and
-# head 1 to the second. Return `(output, weights)`.
+# head 1 to the second. Return `(output, weights)`. Put the mask on `x`'s device (the check runs
+# your function once more on another device), and leave the module as you found it: the check
+# hands it over in training mode with gradients on and a hook of its own, changes its weights
+# between calls, and names a changed mode, `requires_grad`, hook or weight.
 #
 # <details><summary>Hint</summary>
 #

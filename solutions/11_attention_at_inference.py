@@ -196,7 +196,10 @@ print("chunks of 4, 1, 1, 1 == the full causal forward:", torch.allclose(torch.c
 #   where `W_o[:, h]` is the `(d_model, d_k)` block of `W_o.weight` that reads head `h`.
 #
 # These are what `mla.absorbed_weights()` returns; don't call it. `W_uk`, `W_uv` and `W_o` are
-# `nn.Linear` layers.
+# `nn.Linear` layers. Read every size from the module (`mla.num_heads`, `mla.d_k`, `mla.d_latent`):
+# the check hands over modules of other sizes than the example's, in training mode with gradients
+# on, and the same module again after changing its weights; return tensors in the module's dtype,
+# and leave the module as you found it (its mode, `requires_grad`, hooks and weights).
 #
 # <details><summary>Hint 1</summary>
 #

@@ -306,3 +306,28 @@ def test_halves_mask_names_a_causal_mask_and_one_mask_for_both_heads():
     expect_fail(checks.check_halves_mask(lambda L: halves(L) & torch.ones(L, L, dtype=torch.bool).tril()),
                 "causal mask was combined")
     expect_fail(checks.check_halves_mask(lambda L: halves(L)[[0, 0]]), "same mask")
+
+
+# ------------------------------------------------------------------ exercises: no empty markdown cells
+
+
+def test_generator_leaves_out_markdown_cells_left_empty():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from make_exercises import make_exercise
+
+    solution = "\n".join([
+        "# %% [markdown]", "# # Solutions · Chapter 09 · Test", "",
+        "# %%", "x = 1", "",
+        "# %% [markdown]", "# <!-- BEGIN SOLUTION -->", "# **Discussion.** Only in the solutions.",
+        "# <!-- END SOLUTION -->", "",
+        "# %% [markdown]", "# ## Next", "",
+    ])
+    exercise = make_exercise(solution)
+    assert "Discussion" not in exercise and "## Next" in exercise
+    cells = exercise.split("# %%")[1:]
+    assert all(line.strip() not in ("", "#") for cell in cells if cell.startswith(" [markdown]")
+               for line in cell.splitlines()[1:2]), exercise
+    assert exercise.count("# %% [markdown]") == 2
