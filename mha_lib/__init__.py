@@ -14,6 +14,7 @@ Each chapter derives a piece and the next chapters import it from here:
 - :class:`KVCache`, :func:`kv_cache_bytes`, :func:`repeat_kv`, :func:`sliding_window_mask` (chapter 11, attention at inference)
 - :class:`MultiHeadLatentAttention`, :class:`LatentCache`, :func:`latent_cache_bytes` (chapter 11, latent attention)
 - :mod:`mha_lib.checks`: the exercises' self-graded checks
+- :mod:`mha_lib.textlm`: a small language model of real text, its tokenizer and its heads' scores (chapter 09)
 - :func:`attention_explorer`: every head of a causal model on one text, interactive (chapter 09)
 - :func:`get_device`, :func:`seed_everything`, :func:`plot_attention` (everywhere)
 
@@ -37,7 +38,7 @@ from .single_head import AttentionHead
 
 # The course's subpackages, so that `import mha_lib` gives mha_lib.sentiment and the rest;
 # last, so that they may import the names above from mha_lib.
-from . import bench, checks, induction, sentiment
+from . import bench, checks, induction, sentiment, textlm
 
 __version__ = "0.1.0"
 

@@ -329,3 +329,14 @@ def test_score_checks_name_a_result_kept_from_an_earlier_call_and_say_which_head
     _scores_by_shape.clear()
     expect_fail(checks.check_induction_score(induction_cached_on_the_shape), "earlier call's scores came back")
     expect_fail(checks.check_previous_token_score(lambda w: prev_diagonal(w) * 1.01), "every head differs")
+
+
+def test_head_ablation_fallback_names_the_head_that_differs():
+    def doubles_the_next_head(mha, x, head):
+        heads = _heads(mha, x).clone()
+        heads[:, head] = 0
+        heads[:, (head + 1) % mha.num_heads] *= 2
+        return mha.W_o(mha_lib.combine_heads(heads))
+
+    expect_fail(checks.check_head_ablation(doubles_the_next_head), "wrong output", "head 1 differs",
+                "head 0 should be all zeros")

@@ -16,7 +16,7 @@ from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
 from ._core import (CheckResult, Verdict, accepts, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor,
-                    fail, gen, on_meta, randn, run_check)
+                    fail, gen, on_meta, randn, run_check, where_differs)
 from ._sentiment import call_leaving_model_alone
 from .reference import projections
 
@@ -301,6 +301,22 @@ def _head_ablation_mistakes(mha: nn.Module, x: Tensor, head: int, earlier: list[
     ]
 
 
+def _which_heads(mha: nn.Module, x: Tensor, head: int, out: Tensor) -> str:
+    """Where a wrong output differs, head by head: the output read back through ``W_o`` (invertible here)
+    into the concatenated heads, compared with the right ones; "" when it can't be told."""
+    try:
+        W, b = mha.W_o.weight.double(), mha.W_o.bias.double()
+        concat = torch.linalg.solve(W.T, out.double() - b, left=False)  # out = concat @ W.T + b
+        right = _head_outputs(mha, x).double().clone()  # (B, H, L, d_k)
+        right[:, head] = 0
+        B, L, _ = concat.shape
+        where = where_differs(concat.to(out.dtype).reshape(B, L, mha.num_heads, -1), right.transpose(1, 2),
+                              dim=2, axis="head")
+    except Exception:  # noqa: BLE001 - a hint only
+        return ""
+    return f"; read back through W_o into the heads' outputs: {where} (head {head} should be all zeros)" if where else ""
+
+
 def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(mha, x, head) -> output``: self-attention of ``x (B, L, d_model)``
     through ``mha`` with head ``head``'s output set to zero just before ``W_o``, in ``x``'s dtype;
@@ -364,8 +380,12 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
                                    "compute from this call's module and input, every time.")
                     out = expect_tensor(out, f"the output ({label})", x.shape, dtype=dtype, explain=" (B, L, d_model)")
                     if not close(out, expected):
-                        raise diagnose(out, _head_ablation_mistakes(mha, x, head, earlier), f"wrong output ({label})",
-                                       HEAD_ABLATION_DEFINITION, expected=expected, dim=-2, axis="position")
+                        verdict = diagnose(out, _head_ablation_mistakes(mha, x, head, earlier),
+                                           f"wrong output ({label})", HEAD_ABLATION_DEFINITION, expected=expected,
+                                           dim=-2, axis="position")
+                        if "it looks like" not in verdict.message:
+                            verdict.message += _which_heads(mha, x, head, out)
+                        raise verdict
                 earlier.append((out, label))
         finally:
             witness.remove()

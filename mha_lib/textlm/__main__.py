@@ -1,0 +1,68 @@
+"""``python -m mha_lib.textlm train``: train chapter 09's language model on the CPU, with a progress bar.
+
+``python -m mha_lib.textlm sample``: continue a prompt with the shipped model (or ``--model FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from ..bench.cli import positive_int
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import MODEL, TRAIN
+from .corpus import load_corpus
+from .model import ModelConfig, TextTransformer
+from .train import TrainConfig, train_lm
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    corpus = load_corpus()
+    torch.manual_seed(args.seed)
+    config = ModelConfig(vocab_size=len(corpus.tokenizer), **{**MODEL, "mlp": not args.no_mlp})
+    model = TextTransformer(config).to(args.device)
+    train = TrainConfig(**{**TRAIN, "steps": args.steps, "seed": args.seed})
+    inputs, targets = corpus.val_windows(64, config.max_len)
+    print(f"training {sum(p.numel() for p in model.parameters()):,} weights for {train.steps} steps "
+          f"on {corpus.train.numel():,} tokens ({args.device}, {torch.get_num_threads()} threads)", file=sys.stderr)
+    history = train_lm(model, corpus.train, inputs, targets, train)
+    path = save_checkpoint(args.output, model, corpus.tokenizer, train, history)
+    print(f"held-out loss {history['val_loss'][-1]:.3f} nats per token after {history['seconds']:.0f} s; saved {path}")
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    model, tokenizer, _ = load_checkpoint(args.model)
+    ids = torch.tensor([tokenizer.encode(args.prompt)])
+    out = model.generate(ids, args.tokens, temperature=args.temperature, generator=torch.Generator().manual_seed(args.seed))
+    print(tokenizer.decode(out[0]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mha_lib.textlm", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a model from scratch and save it")
+    train.add_argument("--steps", type=positive_int, default=TRAIN["steps"], help=f"default {TRAIN['steps']}")
+    train.add_argument("--seed", type=int, default=0, help="the run's seed: its initialisation and data order")
+    train.add_argument("--output", default="textlm.pt", help="where to save the model (default textlm.pt)")
+    train.add_argument("--threads", type=positive_int, help="CPU threads (default: PyTorch's)")
+    train.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    train.add_argument("--no-mlp", action="store_true", help="attention only, no MLP in the blocks")
+    sample = sub.add_parser("sample", help="continue a prompt")
+    sample.add_argument("prompt", nargs="?", default="    def test_")
+    sample.add_argument("--tokens", type=positive_int, default=80)
+    sample.add_argument("--temperature", type=float, default=0.8)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--model", default=None, help="a checkpoint (default: the shipped one)")
+    args = parser.parse_args(argv)
+    return _train(args) if args.command == "train" else _sample(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

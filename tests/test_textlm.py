@@ -1,0 +1,143 @@
+"""Chapter 09's language model: the tokenizer, the model, training, the scores and the checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mha_lib.heads import silence_heads
+from mha_lib.textlm import (ModelConfig, TextTransformer, Tokenizer, TrainConfig, batches, load_checkpoint,
+                            save_checkpoint, split_words, train_lm)
+from mha_lib.textlm.corpus import load_text
+from mha_lib.textlm.scores import (first_token_score, key_class_score, uniform_first_token_score,
+                                   uniform_key_class_score)
+
+TEXT = ("def test_add(self):\n    self.assertEqual(add(1, 2), 3)\n\n"
+        "def test_sub(self):\n    self.assertEqual(sub(3, 2), 1)\n") * 5
+
+
+def test_split_words_covers_the_text_and_keeps_words_whole() -> None:
+    words = split_words(TEXT)
+    assert "".join(words) == TEXT
+    assert "def" in words and " test_add" in words and "(self):" not in words
+    with pytest.raises(ValueError, match="tab"):
+        split_words("a\tb")
+
+
+def test_split_words_attaches_one_space_to_a_word() -> None:
+    assert split_words("x = self.y\n") == ["x", " =", " self", ".", "y", "\n"]
+
+
+def test_the_tokenizer_round_trips_and_merges_what_is_frequent() -> None:
+    tok = Tokenizer.train(TEXT, 45)
+    ids = tok.encode(TEXT)
+    assert tok.decode(ids) == TEXT
+    assert len(tok) == 45 and len(ids) < 0.6 * len(TEXT)  # merges shorten the text
+    assert Tokenizer.train(TEXT, 45).vocab == tok.vocab  # deterministic
+    every = Tokenizer.train(TEXT, 10_000)
+    assert len(every) < 10_000  # stops when no pair occurs twice
+    assert "assertEqual" in every.vocab and "(self" not in every.vocab  # a word is merged, never across words
+    with pytest.raises(ValueError, match="no token for"):
+        tok.encode("Z")
+    with pytest.raises(ValueError, match="at least the"):
+        Tokenizer.train(TEXT, 3)
+
+
+def test_the_tokenizer_saves_and_loads(tmp_path) -> None:
+    tok = Tokenizer.train(TEXT, 50)
+    tok.save(tmp_path / "t.json")
+    again = Tokenizer.load(tmp_path / "t.json")
+    assert again.vocab == tok.vocab and again.encode(TEXT) == tok.encode(TEXT)
+
+
+def test_the_shipped_corpus_is_ascii_text_of_test_files() -> None:
+    text = load_text()
+    assert 800_000 < len(text) < 1_100_000
+    assert set(text) <= {"\n", *map(chr, range(32, 127))}
+    assert text.count("import unittest") >= 50
+
+
+def _model(**kw) -> TextTransformer:
+    torch.manual_seed(0)
+    return TextTransformer(ModelConfig(**{"vocab_size": 30, "d_model": 16, "num_heads": 2, "max_len": 12, **kw})).eval()
+
+
+@pytest.mark.parametrize("kw", [{}, {"mlp": False}, {"positions": "learned"}])
+def test_the_model_is_causal_and_returns_one_map_per_layer(kw) -> None:
+    model = _model(**kw)
+    x = torch.randint(30, (3, 12))
+    logits, weights = model(x, return_weights=True)
+    assert logits.shape == (3, 12, 30) and len(weights) == 2 and weights[0].shape == (3, 2, 12, 12)
+    torch.testing.assert_close(weights[1].sum(-1), torch.ones(3, 2, 12))
+    assert torch.all(weights[0].triu(1) == 0)
+    y = x.clone()
+    y[:, 7] = (y[:, 7] + 1) % 30
+    torch.testing.assert_close(model(y)[:, :7], logits[:, :7])  # earlier positions never see token 7
+    assert not torch.allclose(model(y)[:, 7:], logits[:, 7:])
+
+
+def test_silencing_a_head_changes_the_output() -> None:
+    model = _model()
+    x = torch.randint(30, (2, 12))
+    before = model(x)
+    with silence_heads(model.blocks[0].attn, [1]):
+        during = model(x)
+    assert not torch.allclose(before, during)
+    torch.testing.assert_close(model(x), before)
+
+
+def test_bad_tokens_are_refused_with_what_was_wrong() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="max_len=12"):
+        model(torch.zeros(1, 13, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[0, 30\)"):
+        model(torch.full((1, 3), 30))
+    with pytest.raises(ValueError, match="torch.long"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="positions"):
+        TextTransformer(ModelConfig(vocab_size=5, d_model=8, num_heads=2, positions="sinusoidal"))
+
+
+def test_generate_appends_tokens_and_greedy_is_deterministic() -> None:
+    model = _model()
+    x = torch.randint(30, (1, 5))
+    a, b = model.generate(x, 10, temperature=0), model.generate(x, 10, temperature=0)
+    assert a.shape == (1, 15) and torch.equal(a, b) and torch.equal(a[:, :5], x)
+
+
+def test_training_beats_the_uniform_baseline_and_leaves_eval_mode() -> None:
+    tok = Tokenizer.train(TEXT, 40)
+    ids = torch.tensor(tok.encode(TEXT))
+    model = TextTransformer(ModelConfig(vocab_size=len(tok), d_model=32, num_heads=2, max_len=16))
+    inputs, targets = batches(ids, 8, 16, torch.Generator().manual_seed(1))
+    history = train_lm(model, ids, inputs, targets, TrainConfig(steps=60, batch_size=8, warmup=5, eval_every=20),
+                       progress=False)
+    assert history["step"] == [0, 20, 40, 60] and not model.training
+    assert history["val_loss"][-1] < 0.5 * math.log(len(tok))  # far below uniform guessing, ln V
+
+
+def test_scores_of_uniform_attention_equal_their_baselines() -> None:
+    L = 10
+    uniform = torch.tril(torch.ones(L, L)) / torch.arange(1, L + 1)[:, None]
+    weights = uniform.expand(2, 3, L, L)
+    is_class = torch.rand(2, L, generator=torch.Generator().manual_seed(0)) < 0.3
+    assert torch.allclose(first_token_score(weights), torch.full((3,), uniform_first_token_score(L)))
+    assert torch.allclose(key_class_score(weights, is_class), torch.full((3,), uniform_key_class_score(is_class)),
+                          atol=1e-6)
+    sink = torch.zeros(1, 1, L, L)
+    sink[..., 0] = 1.0
+    assert first_token_score(sink).item() == 1.0
+
+
+def test_a_checkpoint_round_trips(tmp_path) -> None:
+    tok = Tokenizer.train(TEXT, 40)
+    model = TextTransformer(ModelConfig(vocab_size=len(tok), d_model=16, num_heads=2, max_len=12)).eval()
+    path = save_checkpoint(tmp_path / "m.pt", model, tok, TrainConfig(steps=1), {"val_loss": [1.0]})
+    again, tok2, info = load_checkpoint(path)
+    x = torch.randint(len(tok), (2, 12))
+    torch.testing.assert_close(again(x), model(x))
+    assert tok2.vocab == tok.vocab and info["history"] == {"val_loss": [1.0]}
+    with pytest.raises(FileNotFoundError, match="textlm train"):
+        load_checkpoint(tmp_path / "missing.pt")
