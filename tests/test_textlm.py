@@ -141,3 +141,26 @@ def test_a_checkpoint_round_trips(tmp_path) -> None:
     assert tok2.vocab == tok.vocab and info["history"] == {"val_loss": [1.0]}
     with pytest.raises(FileNotFoundError, match="textlm train"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_head_scores_of_an_untrained_model_stay_near_uniform_and_find_no_role() -> None:
+    from mha_lib.textlm import head_scores, repeat_batch, roles
+
+    model = _model(max_len=40)
+    text = torch.randint(30, (8, 40), generator=torch.Generator().manual_seed(2))
+    scores = head_scores(model, text, newline_id=3, repeats=repeat_batch(30, 40, batch_size=16))
+    assert set(scores) == {"previous", "first", "newline", "induction", "duplicate", "uniform"}
+    assert len(scores["previous"]) == 2 and len(scores["previous"][0]) == 2
+    for role in ("previous", "first", "induction"):  # small random weights: close to uniform attention
+        for row in scores[role]:
+            assert all(abs(s - scores["uniform"][role]) < 0.05 for s in row), (role, row, scores["uniform"][role])
+    assert all(found == [] for found in roles(scores).values())
+
+
+def test_the_train_command_saves_a_model_that_samples(tmp_path, capsys) -> None:
+    from mha_lib.textlm.__main__ import main
+
+    assert main(["train", "--steps", "2", "--output", str(tmp_path / "m.pt"), "--threads", "1"]) == 0
+    assert "saved" in capsys.readouterr().out
+    assert main(["sample", "    def test_", "--tokens", "5", "--model", str(tmp_path / "m.pt")]) == 0
+    assert capsys.readouterr().out.startswith("    def test_")
