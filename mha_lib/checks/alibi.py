@@ -62,6 +62,8 @@ def _slopes_of_another_count(slopes: list[float], H: int) -> str | None:
         return len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(a, b))
 
     right = sorted(_positions.alibi_slopes(H).tolist())
+    if same(sorted(slopes), right):  # the right slopes, in another order: that is a wrong order
+        return None
     for count in sorted(set(range(1, 2 * H + 3)) - {H}):
         theirs = _positions.alibi_slopes(count).tolist()
         if same(sorted(theirs[:H]), right):  # e.g. 7 heads' first 6 slopes are 6 heads' own
@@ -69,7 +71,7 @@ def _slopes_of_another_count(slopes: list[float], H: int) -> str | None:
         if len(theirs) >= H and (same(slopes, theirs[:H]) or same(sorted(slopes), sorted(theirs[:H]))):
             return (f"the slopes of {count} heads ({_fmt(theirs)})" + (f", the first {H} of them" if count > H else "")
                     + ": the slopes depend on num_heads, compute them for num_heads itself")
-        if len(theirs) < H and same(slopes[:len(theirs)], theirs):
+        if 1 < len(theirs) < H and same(slopes[:len(theirs)], theirs):
             return (f"the {count} slopes of {count} heads first, then {_fmt(slopes[count:])}: "
                     f"the slopes were made for {count} heads, not {H}")
     distinct = {round(v, 9) for v in slopes}

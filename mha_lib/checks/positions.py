@@ -249,6 +249,7 @@ def check_rotary_attention(fn: Callable[..., Any]) -> CheckResult:
                            "attend with the mask as given.", expected=expected, axis="query position")
         check_device_care(fn, *(on_meta(randn(g, B, H, L, d_k)) for _ in range(3)), what="your function",
                           hint="Make the positions on the query's device: torch.arange(L, device=query.device).")
-        return f"correct on {len(cases)} cases (with and without a causal mask, and on another device)"
+        return (f"correct on {len(cases) + len(further)} cases (no mask, a causal, a padding and a random mask), "
+                "and on another device")
 
     return run_check("rotary attention", body)
