@@ -3,7 +3,8 @@
 The references are :mod:`mha_lib.induction`'s own ``losses`` and ``silence_heads``. The models
 are small *untrained* ``AttentionOnlyTransformer`` s with seeded weights: the function's
 correctness doesn't depend on training, and so the check is fast and the same on every machine.
-The learner's function must leave the model as it found it (no hook, eval mode, the same
+The models are handed over in training mode (one in evaluation mode) with gradients on, and the
+learner's function must leave the model as it found it (no hook, its mode, ``requires_grad``, the same
 parameters, gradients on).
 """
 
@@ -21,7 +22,8 @@ from ..heads import silence_heads
 from ..induction.data import RepeatBatch, repeated_segments
 from ..induction.model import AttentionOnlyTransformer
 from ..induction.train import losses
-from ._core import CheckResult, Mistake, Verdict, check_unchanged, close, diagnose, expect_tensor, fail, gen, randn, run_check
+from ._core import (CheckResult, Mistake, Verdict, check_unchanged, close, diagnose, expect_tensor, fail, gen, randn,
+                    run_check)
 from ._sentiment import call_leaving_model_alone
 from .head_scores import copy_batch, expect_score_dtype
 
@@ -100,7 +102,8 @@ def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], 
     """Check ``fn(model, batch) -> (num_layers, H)``: entry ``[l, h]`` is the loss on the
     predictable tokens (``mha_lib.induction.losses(logits, batch)[1]``) with head ``h`` of layer
     ``l`` silenced (``silence_heads(model.layers[l], [h])``); the model is left as it was found
-    (no hook, eval mode, same parameters, gradients on), and a second call gives the same."""
+    (no hook, its mode, ``requires_grad``, same parameters, gradients on), a second call gives the same, and a
+    third after the weights change gives the new model's losses."""
 
     def body() -> str:
         cases = [

@@ -1,7 +1,10 @@
 """Checks for chapter 07: the pre-norm encoder layer, and a head silenced before ``W_o``.
 
-The references are :mod:`.reference`'s attention, on a ``MultiHeadAttention`` (or the learner's
-layer) with distinct seeded weights, so that a misplaced norm or residual shows.
+The references are computed from the module's own layers (the learner's layer, or a
+``MultiHeadAttention``) with distinct seeded weights, so that a misplaced norm or residual shows. The
+modules are handed over in training mode with gradients on (one with a frozen part, one with a hook of
+its own), called with other lengths and after their weights change, and must come back as they were
+(:func:`._sentiment.call_leaving_model_alone`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from torch import Tensor, nn
 from .. import heads as mha_heads
 from ..masks import padding_mask
 from ..multi_head import MultiHeadAttention
-from ._core import (CheckResult, Verdict, accepts, call, check_device_care, check_unchanged, cloned, close, diagnose, expect_tensor,
-                    fail, gen, on_meta, randn, run_check, where_differs)
+from ._core import (CheckResult, Verdict, accepts, call, check_device_care, check_unchanged, cloned, close, diagnose,
+                    expect_tensor, fail, gen, on_meta, randn, run_check, where_differs)
 from ._sentiment import call_leaving_model_alone
 from .reference import projections
 
@@ -170,7 +173,8 @@ def check_encoder_layer(cls: Any) -> CheckResult:
             check_unchanged(["x"], [x], [arg], "your forward")
             if isinstance(out, (tuple, list)) and len(out) == 2:
                 out = out[0]
-            if isinstance(out, Tensor) and earlier and out.shape != x.shape and any(out.shape == t.shape for t in earlier):
+            if isinstance(out, Tensor) and earlier and out.shape != x.shape \
+                    and any(out.shape == t.shape for t in earlier):
                 raise fail(f"the output ({label}) has the shape {tuple(out.shape)} of an earlier call's, for an "
                            f"input {tuple(x.shape)}: it looks like a result kept from an earlier call",
                            "Keep nothing from one call to the next: compute from this call's x, every time.")
@@ -292,7 +296,8 @@ def _head_ablation_mistakes(mha: nn.Module, x: Tensor, head: int, earlier: list[
          "combine_heads puts the heads side by side: head h owns features [h*d_k, (h+1)*d_k)."),
         ("a position of the concatenated heads was zeroed (concat[:, h]) instead of the head's features",
          lambda: out_with(zeroed((slice(None), head))),
-         "The concatenated heads are (B, L, H*d_k): the head's slice is on the last axis, concat[..., h*d_k:(h+1)*d_k]."),
+         "The concatenated heads are (B, L, H*d_k): the head's slice is on the last axis, "
+         "concat[..., h*d_k:(h+1)*d_k]."),
         ("the head's output was zeroed at the first position only",
          lambda: on_heads((slice(None), head, 0)), "Zero the head at every position: heads[:, h] = 0."),
         ("an earlier call's result came back (a result kept from call to call: the module's weights or the input "
@@ -314,7 +319,9 @@ def _which_heads(mha: nn.Module, x: Tensor, head: int, out: Tensor) -> str:
                               dim=2, axis="head")
     except Exception:  # noqa: BLE001 - a hint only
         return ""
-    return f"; read back through W_o into the heads' outputs: {where} (head {head} should be all zeros)" if where else ""
+    if not where:
+        return ""
+    return f"; read back through W_o into the heads' outputs: {where} (head {head} should be all zeros)"
 
 
 def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
