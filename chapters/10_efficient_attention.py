@@ -53,6 +53,7 @@
 
 # %%
 import math
+import os
 
 import matplotlib.pyplot as plt
 import torch
@@ -386,12 +387,13 @@ plt.show()
 # the same `L²` arithmetic (every query still meets every key) with far less memory traffic,
 # and the parts that grow more slowly, the projections (`∝ L`) and each call's fixed costs,
 # still take a share of their time: on an idle CPU their slope has measured between about 1
-# and 2.5, while the teaching module's is about 2 or more. Load from other programs flattens
-# every slope, because a pause costs a short step a larger share of its time than a long one:
-# with the course's whole test suite running alongside, `nn.MultiheadAttention` has measured
-# a slope of 0.5. What held in every run is the order: the teaching module's slope is the
-# steepest. (On a GPU these sizes are so small that fixed costs dominate, and every slope is
-# flatter.) Let us measure the slopes, memory first:
+# and 2.5, while the teaching module's is about 2 or more. Load from other programs distorts
+# the slopes, because more threads than cores stall the short steps most: with the course's
+# whole test suite running alongside, we measured `nn.MultiheadAttention` at 0.5 once and the
+# teaching module at 1.3, below the fused one, another time. So the slopes are checked only
+# on a machine that is not busy (a load average below its number of cores), and the cell says
+# when it skips the check. (On a GPU these sizes are so small that fixed costs dominate, and
+# every slope is flatter.) Let us measure the slopes, memory first:
 
 # %%
 def slope(values):
@@ -409,7 +411,7 @@ if series("teaching", "peak_bytes")[0] is not None:
 
 # %% [markdown]
 # Now time, fitted over the three longest lengths to the fastest repetitions. The asserts run
-# only on a CPU, where the slopes above were measured, and check what held under load too:
+# only on a CPU, where the slopes above were measured, and only when it was not busy:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -417,9 +419,13 @@ if series("teaching", "peak_bytes")[0] is not None:
 time_slopes = {variant: slope(series(variant, "fastest")) for variant in ("teaching", "efficient", "nn.MHA")}
 for variant, value in time_slopes.items():
     print(f"slope of time against L, {variant:9s}: {value:.2f}")
-if device.type == "cpu":  # what held on a busy machine too (with the whole test suite running)
+load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # 1-minute load average (not on Windows)
+if device.type == "cpu" and load < (os.cpu_count() or 1):
     assert time_slopes["teaching"] > 1.5, time_slopes  # the L x L tensors: about L², or steeper
     assert all(0 < time_slopes[v] < time_slopes["teaching"] for v in ("efficient", "nn.MHA")), time_slopes
+elif device.type == "cpu":
+    print(f"not checked: the load average is {load:.1f} on {os.cpu_count()} cores, so the machine was busy "
+          "while timing; run this section again when it is idle")
 
 # %% [markdown]
 # ### When the fused function stores the weights after all
