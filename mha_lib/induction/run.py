@@ -235,7 +235,6 @@ def _composition(model: AttentionOnlyTransformer, batch: RepeatBatch, parts: boo
         out["weight_composition"] = {name: [[_round(x, 3) for x in row] for row in scores.tolist()]
                                      for name, scores in composition_scores(model).items()}
     return out
-    return out
 
 
 def train_run(seed: int, num_layers: int, name: str = "learned",
