@@ -61,8 +61,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
+# nbgrader (requirements-dev.txt, for tests/test_grading_tools.py) switches on its JupyterLab menus and
+# server extensions; `make lab` is the learner's JupyterLab, so they are switched off again, in .venv only.
+NBGRADER_SERVER_EXTENSIONS := formgrader validate_assignment assignment_list course_list
+
 $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true
+	@for e in $(NBGRADER_SERVER_EXTENSIONS); do \
+	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$e >/dev/null 2>&1 || true; done
 	@touch $@
 
 $(LAB_OVERRIDES): .jupyterlab/overrides.json $(STAMP)

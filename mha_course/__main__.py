@@ -5,6 +5,11 @@
     python -m mha_course progress     run your copies and show which exercises pass
     python -m mha_course update       update the course (git pull), keeping your edits in workspace/
 
+For instructors (INSTRUCTORS.md):
+
+    python -m mha_course grade SUBMISSIONS/        grade a folder of students' workspaces (a CSV)
+    python -m mha_course export nbgrader|otter DIR  the exercises as nbgrader or Otter assignments
+
 None of these imports PyTorch in this process, so ``start`` and ``list`` answer at once.
 """
 
@@ -44,6 +49,36 @@ def main(argv: list[str] | None = None) -> int:
                     "your own edits to course files are saved in workspace/saved/<date>/ first, then "
                     "`git pull --ff-only`. Never touches the rest of workspace/, except to rename your copy of "
                     "an exercise the course renamed.")
+    grade_cmd = commands.add_parser(
+        "grade", help="(instructors) grade a folder of students' workspaces: a CSV and a summary",
+        description="Run every student's notebooks as `make progress` does (a copy each, in a fresh kernel, "
+                    "the same time limit per notebook) and write one CSV row per student and exercise. "
+                    "SUBMISSIONS holds one folder per student (its name is the student's), each a copy of "
+                    "the student's workspace/. Nothing in SUBMISSIONS is written. See INSTRUCTORS.md.")
+    grade_cmd.add_argument("submissions", metavar="SUBMISSIONS", help="the folder of student folders")
+    grade_cmd.add_argument("chapters", nargs="*", metavar="NN", help="only these chapters (default: all)")
+    grade_cmd.add_argument("--output", "-o", default="grades.csv", metavar="CSV",
+                           help="where to write the grades (default: grades.csv; an existing file is kept)")
+    grade_cmd.add_argument("--force", action="store_true", help="replace the --output file if it exists")
+    grade_cmd.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                           help="how long one notebook's cells may run in all (default: 120)")
+    grade_cmd.add_argument("--seed", type=int, default=None, metavar="N",
+                           help="run the checks on hidden inputs drawn with this seed (default: the students' own)")
+    grade_cmd.add_argument("--points", action="append", default=[], metavar="N.M=P",
+                           help="what exercise N.M is worth (default: as stated in solutions/, else 1); "
+                                "repeat or separate with commas: --points 1.4=2,2.1=3")
+    export_cmd = commands.add_parser(
+        "export", help="(instructors) write the exercises as nbgrader or Otter Assign assignments",
+        description="Write one assignment per chapter from solutions/ (the exercises' single source): "
+                    "solutions marked for the tool, the learner's checks as visible tests, hidden tests "
+                    "on inputs the students never see, and the points. See INSTRUCTORS.md.")
+    export_cmd.add_argument("tool", choices=["nbgrader", "otter"], help="which grader to write for")
+    export_cmd.add_argument("directory", metavar="DIR", help="where to write (a new or empty folder)")
+    export_cmd.add_argument("chapters", nargs="*", metavar="NN", help="only these chapters (default: all)")
+    export_cmd.add_argument("--seed", type=int, default=None, metavar="N",
+                            help="the hidden tests' seed (default: a new random one, printed)")
+    export_cmd.add_argument("--points", action="append", default=[], metavar="N.M=P",
+                            help="what exercise N.M is worth (default: as stated in solutions/, else 1)")
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
@@ -60,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
             except UpdateError as error:
                 print(f"make update: {error}", file=sys.stderr)
                 return 1
+        elif args.command == "grade":
+            from . import grade
+
+            timeout = grade.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+            return grade.main(args.submissions, args.chapters, output=args.output, timeout=timeout, seed=args.seed,
+                              points=args.points, force=args.force)
+        elif args.command == "export":
+            from . import export
+
+            return export.main(args.tool, args.directory, args.chapters, seed=args.seed, points=args.points)
         elif args.command == "list":
             for name, started in list_exercises():
                 print(f"{'started' if started else '       '}  {name}")

@@ -13,10 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EXERCISE_HEADING", "TITLE_HEADING", "Exercise", "check_calls", "course_exercises", "notebook_title"]
+__all__ = ["EXERCISE_HEADING", "POINTS", "TITLE_HEADING", "Exercise", "check_calls", "course_exercises",
+           "exercises_in", "notebook_title", "points_after"]
 
 EXERCISE_HEADING = re.compile(r"^#{1,6}\s*Exercise\s+(\d+\.\d+)\s*[·:.-]\s*(.+?)\s*$", re.M)
 TITLE_HEADING = re.compile(r"^#\s+(.+?)\s*$", re.M)
+# An exercise's points for the graders (INSTRUCTORS.md), an HTML comment in the markdown under its heading,
+# in solutions/ (and so in exercises/): ``<!-- points: 2 -->``. Without one an exercise is worth 1 point.
+POINTS = re.compile(r"<!--\s*points:\s*(\d+(?:\.\d+)?)\s*-->", re.I)
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Exercise:
     number: str  # "1.2"
     title: str  # "A causal mask"
     checks: tuple[str, ...]  # the check functions called under its heading
+    points: float = 1.0  # what it is worth to a grader (``<!-- points: N -->`` under its heading)
 
 
 def _source(cell: dict) -> str:
@@ -63,6 +68,13 @@ def notebook_title(cells: Iterable[dict], fallback: str) -> str:
     return fallback
 
 
+def points_after(text: str, start: int) -> float:
+    """The points stated between ``text[start:]`` and the next exercise heading (1 when none is)."""
+    following = EXERCISE_HEADING.search(text, start)
+    match = POINTS.search(text, start, following.start() if following else len(text))
+    return float(match.group(1)) if match else 1.0
+
+
 def course_exercises(root: Path) -> tuple[dict[str, list[Exercise]], dict[str, str]]:
     """``({chapter stem: [Exercise, ...]}, {chapter stem: title})`` from ``exercises/NN_*.ipynb``."""
     exercises: dict[str, list[Exercise]] = {}
@@ -70,12 +82,18 @@ def course_exercises(root: Path) -> tuple[dict[str, list[Exercise]], dict[str, s
     for path in sorted((root / "exercises").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         titles[path.stem] = notebook_title(cells, path.stem[3:].replace("_", " "))
-        found: list[list] = []  # [number, title, [checks]]
-        for cell in cells:
-            if cell["cell_type"] == "markdown":
-                found += [[m.group(1), m.group(2), []] for m in EXERCISE_HEADING.finditer(_source(cell))]
-            elif cell["cell_type"] == "code" and found:
-                found[-1][2].extend(check_calls(_source(cell)))
-        exercises[path.stem] = [Exercise(path.stem, n, t.replace("`", ""), tuple(dict.fromkeys(c)))
-                                for n, t, c in found]
+        exercises[path.stem] = exercises_in(cells, path.stem)
     return exercises, titles
+
+
+def exercises_in(cells: Iterable[dict], chapter: str) -> list[Exercise]:
+    """The exercises of one notebook's cells: each heading, the checks called below it, its points."""
+    found: list[list] = []  # [number, title, [checks], points]
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            text = _source(cell)
+            found += [[m.group(1), m.group(2), [], points_after(text, m.end())]
+                      for m in EXERCISE_HEADING.finditer(text)]
+        elif cell["cell_type"] == "code" and found:
+            found[-1][2].extend(check_calls(_source(cell)))
+    return [Exercise(chapter, n, t.replace("`", ""), tuple(dict.fromkeys(c)), p) for n, t, c, p in found]

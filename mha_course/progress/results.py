@@ -31,6 +31,7 @@ class Row:
     status: str
     message: str = ""
     label: str | None = None  # what the exercise column says for a row of no exercise
+    hint: str = ""  # the hint of the check whose result is the verdict (grade's CSV shows its first line)
 
 
     @property

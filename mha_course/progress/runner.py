@@ -31,7 +31,8 @@ from .results import (ERROR, FAILED, NO_CHECK, NOT_IMPLEMENTED, NOT_RUN, NOT_STA
 if TYPE_CHECKING:  # nbformat is imported only when a notebook is read
     from nbformat import NotebookNode
 
-__all__ = ["DEFAULT_TIMEOUT", "Outcome", "assign_cells", "check_workspace", "defined_functions", "verdict"]
+__all__ = ["DEFAULT_TIMEOUT", "Outcome", "assign_cells", "check_workspace", "defined_functions", "verdict",
+           "verdict_and_hint"]
 
 DEFAULT_TIMEOUT = 120  # seconds of running cells, per notebook (the kernel's start is not counted)
 
@@ -101,11 +102,12 @@ AFTER_CHECKS = "(below the last check)"  # the label of the row of a cell below 
 
 
 def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeout: float,
-         outcomes: dict[str, Outcome], after: list[Row] | None = None) -> Row | None:
+         outcomes: dict[str, Outcome], after: list[Row] | None = None, env: dict[str, str] | None = None) -> Row | None:
     """Run the notebook's cells, all of them, in one fresh kernel, and fill in ``outcomes``.
     Returns a row for the whole notebook when the run stopped outside every exercise (a cell at
     the top that hangs, or a kernel that dies there). A cell below the last check that raises,
-    hangs or kills the kernel adds a row to ``after`` (the checks above have their verdicts)."""
+    hangs or kills the kernel adds a row to ``after`` (the checks above have their verdicts).
+    ``env``: variables added to the kernel's environment (``grade`` passes ``MHA_CHECK_SEED``)."""
     after = [] if after is None else after
     import logging
 
@@ -124,7 +126,7 @@ def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeo
     with tempfile.TemporaryDirectory(prefix="mha-progress-") as tmp:
         log = Path(tmp) / "checks.jsonl"
         log.touch()
-        env = dict(os.environ, MHA_CHECK_LOG=str(log), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, **(env or {}), MHA_CHECK_LOG=str(log), PYTHONUNBUFFERED="1")
         client = NotebookClient(
             nb, timeout=int(timeout), allow_errors=True, kernel_name="python3", log=quiet,
             shutdown_kernel="immediate", record_timing=False,
@@ -232,10 +234,17 @@ def verdict(exercise: Exercise, outcome: Outcome, definitions: dict[str, str] | 
     """(status, message) of one exercise from what its cells did. Each check's last run is its verdict
     (a wrong attempt above a fixed one no longer counts); ``definitions``: which exercise defines
     each of the learner's functions (:func:`defined_functions`)."""
+    status, message, _ = verdict_and_hint(exercise, outcome, definitions)
+    return status, message
+
+
+def verdict_and_hint(exercise: Exercise, outcome: Outcome,
+                     definitions: dict[str, str] | None = None) -> tuple[str, str, str]:
+    """:func:`verdict`, and the hint of the check whose result decided it ("" when none)."""
     if outcome.stopped == NOT_RUN:
-        return NOT_RUN, "not checked: the notebook stopped earlier (see above)"
+        return NOT_RUN, "not checked: the notebook stopped earlier (see above)", ""
     if outcome.stopped in (TIMED_OUT, ERROR):
-        return outcome.stopped, outcome.errors[0]
+        return outcome.stopped, outcome.errors[0], ""
     last: dict[str, dict] = {}
     for record in outcome.records:
         last[str(record.get("check", ""))] = record  # a later run of the same check replaces the earlier one
@@ -243,20 +252,21 @@ def verdict(exercise: Exercise, outcome: Outcome, definitions: dict[str, str] | 
     for status in (FAILED, ERROR):
         for record in records:
             if record.get("status") == status:
-                return status, _one_line(record.get("message", ""))
+                return status, _one_line(record.get("message", "")), str(record.get("hint") or "")
     if any(r.get("status") == NOT_IMPLEMENTED for r in records):
-        return NOT_IMPLEMENTED, _waiting(exercise, records, definitions or {})
+        return NOT_IMPLEMENTED, _waiting(exercise, records, definitions or {}), ""
     if records and all(r.get("status") == PASSED for r in records):
-        return PASSED, "passed"
+        return PASSED, "passed", ""
     if outcome.errors:
-        return ERROR, outcome.errors[0]
+        return ERROR, outcome.errors[0], ""
     if not outcome.check_cells:
         calls = ", ".join(f"{name}(...)" for name in exercise.checks) or "its check"
-        return NO_CHECK, f"no check ran: your copy has no cell that calls {calls}"
-    return NO_CHECK, "the check cell ran but printed no result"
+        return NO_CHECK, f"no check ran: your copy has no cell that calls {calls}", ""
+    return NO_CHECK, "the check cell ran but printed no result", ""
 
 
-def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> list[Row]:
+def _check_notebook(path: Path, exercises: list[Exercise], timeout: float,
+                    env: dict[str, str] | None = None) -> list[Row]:
     """The rows of one notebook of ``workspace/``: one per exercise, after a row for the whole
     notebook when it could not be read or run (or stopped above the exercises)."""
     chapter = path.stem
@@ -285,24 +295,29 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float) -> li
     outcomes = {e.number: Outcome() for e in exercises}
     after: list[Row] = []
     try:
-        whole = _run(nb, path.parent, owners, timeout, outcomes, after)
+        whole = _run(nb, path.parent, owners, timeout, outcomes, after, env)
     except Exception as error:  # noqa: BLE001 - the kernel would not start, ...
         return [Row(chapter, None, ERROR, f"could not run workspace/{path.name}: "
                                           f"{type(error).__name__}: {_one_line(str(error))}")]
     rows = [Row(chapter, None, whole.status, whole.message)] if whole else []
     definitions = defined_functions(nb.cells, owners)
     tail = [Row(chapter, None, row.status, row.message, label=AFTER_CHECKS) for row in after]
-    return rows + [Row(chapter, e, *verdict(e, outcomes[e.number], definitions)) for e in exercises] + tail
+    verdicts = [(e, verdict_and_hint(e, outcomes[e.number], definitions)) for e in exercises]
+    return rows + [Row(chapter, e, status, message, hint=hint) for e, (status, message, hint) in verdicts] + tail
 
 
 def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
-                    chapters: Iterable[str] = (), on_notebook: Callable[[str, float], None] | None = None) -> Report:
+                    chapters: Iterable[str] = (), on_notebook: Callable[[str, float], None] | None = None,
+                    workspace: Path | None = None, env: dict[str, str] | None = None) -> Report:
     """Run the learner's notebooks and return what the table shows.
 
     ``chapters``: numbers ("01") or stems to limit the report to; ``on_notebook(name, seconds)``
-    is called after each notebook ran (the command line prints it as it goes).
+    is called after each notebook ran (the command line prints it as it goes). ``workspace``: the
+    folder of notebooks (default ``root/workspace``; ``grade`` passes a student's); ``env``:
+    variables added to each kernel's environment.
     """
     root = root or course_root()
+    workspace = workspace or root / "workspace"
     exercises, titles = course_exercises(root)
     wanted = {c.strip()[:2] if c.strip()[:2].isdigit() else c for c in chapters}
     if wanted:
@@ -310,35 +325,37 @@ def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
     report = Report(rows=[], exercises=sum(map(len, exercises.values())), chapter_titles=titles)
     start = time.perf_counter()
     for stem, chapter_exercises in exercises.items():
-        copy = root / "workspace" / f"{stem}.ipynb"
+        copy = workspace / f"{stem}.ipynb"
         if not copy.exists():
             report.rows += [Row(stem, e, NOT_STARTED, f"not started (make exercise N={stem[:2]})" if i == 0
                                 else "not started") for i, e in enumerate(chapter_exercises)]
             continue
         began = time.perf_counter()
-        rows = _check_notebook(copy, chapter_exercises, timeout)
+        rows = _check_notebook(copy, chapter_exercises, timeout, env)
         report.rows += rows
         report.notebooks_run += rows[0].status != UNREADABLE
         if on_notebook:
             on_notebook(copy.name, time.perf_counter() - began)
     report.seconds = time.perf_counter() - start
-    report.notes = stray_notebooks(root, titles, wanted)
+    report.notes = stray_notebooks(root, titles, wanted, workspace)
     return report
 
 
-def stray_notebooks(root: Path, stems: Iterable[str], wanted: Iterable[str] = ()) -> list[str]:
+def stray_notebooks(root: Path, stems: Iterable[str], wanted: Iterable[str] = (),
+                    workspace: Path | None = None) -> list[str]:
     """A line for each ``workspace/NN_*.ipynb`` named after no exercise (none of ``stems``): it is
     not checked. When an exercise has its name under another number (the course renumbered the
     chapter, and the copy was not renamed with it), the line says how to rename it."""
     stems, wanted = set(stems), set(wanted)
+    workspace = workspace or root / "workspace"
     notes = []
-    for copy in sorted((root / "workspace").glob("[0-9][0-9]_*.ipynb")):
+    for copy in sorted(workspace.glob("[0-9][0-9]_*.ipynb")):
         if copy.stem in stems:
             continue
         same = [s for s in sorted(stems) if s[3:] == copy.stem[3:]]
         if wanted and not {copy.stem, copy.stem[:2], *same, *(s[:2] for s in same)} & wanted:
             continue
-        if len(same) == 1 and (root / "workspace" / f"{same[0]}.ipynb").exists():
+        if len(same) == 1 and (workspace / f"{same[0]}.ipynb").exists():
             notes.append(f"workspace/{copy.name} is not checked: its exercise is now {same[0]} (the course "
                          f"renumbered it), and workspace/{same[0]}.ipynb is the copy checked. Copy what you want "
                          f"to keep from {copy.name} into it, then move {copy.name} out of workspace/.")

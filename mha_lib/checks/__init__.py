@@ -25,6 +25,7 @@ module per topic, in the order of the chapters: ``attention`` and ``masks`` (01,
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
+from ._core import CHECK_SEED, hidden_cases
 from .attention import check_attention_scores, check_masked_attention, check_scaled_dot_product_attention
 from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
@@ -50,6 +51,8 @@ from .restrict import check_halves_mask, check_restricted_attention
 
 __all__ = [
     "CHECK_RAISE",
+    "CHECK_SEED",
+    "hidden_cases",
     "CheckFailed",
     "CheckResult",
     "check_ablated_logits",

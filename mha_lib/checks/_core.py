@@ -9,8 +9,12 @@ raises :class:`Verdict` internally, which :func:`run_check` turns into a
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -33,7 +37,7 @@ from ._result import (
 __all__ = [
     "ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "CheckFailed", "CheckResult", "Mistake", "Verdict",
     "accepts", "call", "check_device_care", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
-    "expect_tensor", "fail", "float32_close", "gen", "log_result", "on_meta", "randn", "run_check", "sqrt", "unpack_pair",
+    "expect_tensor", "fail", "float32_close", "gen", "hidden_cases", "case_seed", "CHECK_SEED", "log_result", "on_meta", "randn", "run_check", "sqrt", "unpack_pair",
     "where_differs", "PRECISION_HINT",
 ]
 
@@ -202,7 +206,47 @@ def diagnose(actual: Tensor, mistakes: Iterable[Mistake], message: str, default_
     return fail(message, default_hint)
 
 
+# Hidden test inputs (INSTRUCTORS.md). Every check draws its random inputs from gen(seed) with a
+# fixed seed of its own, so the inputs a learner's check sees are the same on every run. A
+# grader's hidden run sets a case seed, MHA_CHECK_SEED=<int> or ``with hidden_cases(<int>):``, and
+# gen mixes it into every seed: the same checks, on inputs the learner's notebook never drew.
+# Without one (the learner's runs) nothing changes. Read in this one place.
+CHECK_SEED = "MHA_CHECK_SEED"
+_case_seed: ContextVar[int | None] = ContextVar("mha_check_case_seed", default=None)
+
+
+def case_seed() -> int | None:
+    """The case seed of a hidden run: ``hidden_cases``'s, else ``$MHA_CHECK_SEED``'s, else None."""
+    seed = _case_seed.get()
+    if seed is not None:
+        return seed
+    text = os.environ.get(CHECK_SEED, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{CHECK_SEED}={text!r} is not an integer; set it to one (e.g. 20261204) or unset it") from None
+
+
+@contextmanager
+def hidden_cases(seed: int) -> Iterator[None]:
+    """Run the checks called inside on other inputs than the learner's: each check's seeds mixed with ``seed``."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"hidden_cases takes an int seed, not {type(seed).__name__}")
+    token = _case_seed.set(seed)
+    try:
+        yield
+    finally:
+        _case_seed.reset(token)
+
+
 def gen(seed: int) -> torch.Generator:
+    """A generator seeded with ``seed``, mixed with the case seed of a hidden run when there is one."""
+    salt = case_seed()
+    if salt is not None:
+        digest = hashlib.sha256(f"{salt}:{seed}".encode()).digest()
+        seed = int.from_bytes(digest[:8], "little") & (2**63 - 1)
     return torch.Generator().manual_seed(seed)
 
 
