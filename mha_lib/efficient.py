@@ -12,10 +12,13 @@ forward, checks, RoPE and cache) with two of its methods replaced:
    memory-efficient kernel where the device has one; such a kernel never stores the
    ``(B, H, Lq, Lk)`` weights, and reads each key/value head for its group of query heads
    (``enable_gqa``) without copies. Where no fused kernel takes the inputs, PyTorch falls back
-   to its explicit "math" kernel, which does store them: on the CPU (PyTorch 2.13) for a
-   per-head ``(H, Lq, Lk)`` mask, for dropout > 0 in training, and for a float mask that
-   requires grad (``tests/test_bench.py`` measures the memory). ``return_weights=True`` takes
-   the teaching module's explicit path, which must store them.
+   to its explicit "math" kernel, which does store them: on the CPU (PyTorch 2.13) for dropout
+   > 0 in training, for a float mask that requires grad, and for a mask of 3 dimensions (the
+   CPU's fused kernel takes a mask of 2 or 4). So the module gives the kernel every mask with 4
+   dimensions (``(H, Lq, Lk)`` as ``(1, H, Lq, Lk)``, a view): per-head masks and biases such as
+   ALiBi's run the fused kernel (``tests/test_efficient.py`` reads the kernel from the autograd graph,
+   ``tests/test_bench.py`` measures the memory). ``return_weights=True`` takes the teaching
+   module's explicit path, which must store them.
 """
 
 from __future__ import annotations
@@ -96,8 +99,9 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
             return super().attend(q, k, v, mask, return_weights)
         blocked = None
         if mask is not None:
-            if mask.dim() < 2:  # the kernel wants (..., Lq, Lk); a (Lk,) mask applies to every query
-                mask = mask.reshape(1, -1)
+            # (B, H, Lq, Lk), a view: the CPU's fused kernel takes a 2-D or a 4-D mask only, and sends a
+            # 3-D (H, Lq, Lk) one to the math kernel, which stores the weights; a (Lk,) mask applies to every query
+            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
             if mask.dtype == torch.bool:
                 blocked = ~mask.any(dim=-1, keepdim=True)  # (..., Lq, 1)
                 mask = mask | blocked

@@ -206,3 +206,73 @@ def test_pytorch_cpu_kernel_itself_gives_zeros_for_fully_masked_rows(mask_dtype)
     mask = allowed if mask_dtype == torch.bool else torch.zeros(3, 5).masked_fill(~allowed, float("-inf"))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all() and (out[:, :, 0] != 0).any()
+
+
+def backward_ops(out: torch.Tensor) -> set[str]:
+    """The names of every node of ``out``'s autograd graph: the fused kernel leaves its own backward."""
+    names, stack, seen = set(), [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(node.name())
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+FLASH_CPU = "ScaledDotProductFlashAttentionForCpuBackward0"
+
+
+def halves(L: int) -> torch.Tensor:
+    """Chapter 12's mask: head 0 sees keys [0, L // 2), head 1 keys [L // 2, L); bool (2, L, L)."""
+    first = torch.arange(L) < L // 2  # (L,)
+    return torch.stack([first, ~first])[:, None, :].expand(2, L, L)
+
+
+def per_head_masks(H: int, L: int) -> dict[str, torch.Tensor]:
+    from mha_lib import alibi_bias, causal_mask
+
+    alibi = alibi_bias(H, L)  # (H, L, L) float
+    return {
+        "halves (2, L, L) bool": halves(L) if H == 2 else halves(L).repeat(H // 2, 1, 1),  # heads 0, 1, 0, 1, ...
+        "random (H, L, L) bool": (torch.rand(H, L, L) < 0.5) | torch.eye(L, dtype=torch.bool),
+        "ALiBi (H, L, L) float": alibi,
+        "causal ALiBi (H, L, L) float": alibi.masked_fill(~causal_mask(L), float("-inf")),
+        "ALiBi (1, H, L, L) float": alibi[None],
+        "causal (L, L) bool": causal_mask(L),
+        "padding (L,) bool": torch.arange(L) < L - 3,
+    }
+
+
+@pytest.mark.parametrize("H", [2, 4])
+@pytest.mark.parametrize("mask_name", list(per_head_masks(2, 4)))
+def test_per_head_masks_and_biases_run_the_fused_cpu_kernel(H, mask_name):
+    """A 3-D (H, Lq, Lk) mask sends the CPU's F.scaled_dot_product_attention to its math kernel
+    (which stores the weights); the module passes every mask as 4-D, which the fused kernel takes.
+    The autograd graph names the kernel that ran; the outputs and gradients are the teaching module's."""
+    mask = per_head_masks(H, 24)[mask_name]
+    torch.manual_seed(0)
+    teaching, fused = twin_modules(32, H, torch.float32, "cpu")
+    x = torch.randn(2, 24, 32)
+    x_fused, x_teaching = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = fused(x_fused, x_fused, x_fused, mask)
+    assert FLASH_CPU in backward_ops(out), sorted(backward_ops(out))
+    expected = teaching(x_teaching, x_teaching, x_teaching, mask)
+    torch.testing.assert_close(out, expected, **TOLERANCES[torch.float32])
+    upstream = torch.randn_like(out)
+    out.backward(upstream)
+    expected.backward(upstream)
+    torch.testing.assert_close(x_fused.grad, x_teaching.grad, **TOLERANCES[torch.float32])
+
+
+def test_the_kernel_check_sees_the_math_kernel():
+    """The check above can fail: a 3-D mask given to F.scaled_dot_product_attention itself, or
+    dropout in training, leaves no fused kernel in the graph."""
+    q, k, v = (torch.randn(1, 2, 24, 8, requires_grad=True) for _ in range(3))
+    mask = halves(24)
+    assert FLASH_CPU not in backward_ops(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert FLASH_CPU in backward_ops(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[None]))
+    dropping = EfficientMultiHeadAttention(16, 2, dropout=0.5).train()
+    x = torch.randn(1, 24, 16, requires_grad=True)
+    assert FLASH_CPU not in backward_ops(dropping(x, x, x, mask))

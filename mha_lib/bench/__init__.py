@@ -3,7 +3,7 @@
     python -m mha_lib.bench                       # 128 … 4096 on mha_lib.get_device()
     python -m mha_lib.bench --quick               # a small run, under a minute on a CPU
     python -m mha_lib.bench --batch 32 --lengths 100 --repeats 15   # the book's configuration
-    python -m mha_lib.bench --mask per-head       # with a per-head (H, L, L) mask
+    python -m mha_lib.bench --mask halves         # with a per-head (H, L, L) mask (also per-head, alibi)
     python -m mha_lib.bench --plot bench.png      # also draw time and memory against length
     python -m mha_lib.bench decode                # chapter 11: decoding with a KV cache (decode --help)
 
@@ -30,10 +30,13 @@ only; see that module for its limits). Measured in a separate pass, not while ti
 
 **Which kernel stores the weights.** On the CPU, ``F.scaled_dot_product_attention`` runs a
 flash-attention-style kernel that never stores the ``(B, H, L, L)`` weights, but falls back
-to its explicit "math" kernel, which does, for a 3-D per-head ``(H, L, L)`` mask
-(``--mask per-head``), for dropout in a training step (``--dropout 0.1``) and for a float
-mask that requires grad (``--mask float-grad``). There the efficient module's memory grows
-like ``L²`` as well (tests/test_bench.py measures it).
+to its explicit "math" kernel, which does, for a mask of 3 dimensions, for dropout in a
+training step (``--dropout 0.1``) and for a float mask that requires grad (``--mask
+float-grad``). There the efficient module's memory grows like ``L²`` as well
+(tests/test_bench.py measures it). The module passes per-head ``(H, L, L)`` masks and biases
+(``--mask per-head``, ``halves``, ``alibi``) as ``(1, H, L, L)``, which the fused kernel takes;
+they cost the mask's own ``H · L²`` numbers. ``Step(..., kernel="math")`` forces the math kernel
+(``torch.nn.attention.sdpa_kernel``), to measure what the fused one saves.
 
 Variants whose ``(B, H, L, L)`` weights would not fit in the free memory (estimated) are
 skipped at that length and marked "skip". The command line is :mod:`mha_lib.bench.cli`, the
@@ -51,7 +54,8 @@ from .decode import DecodeResult, decode_benchmark, format_result
 from .memory import cpu_memory_supported, free_memory, peak_memories, peak_memory
 from .plots import STYLES, plot_results
 from .run import DEFAULT_LENGTHS, EXPLICIT_COPIES, QUICK_LENGTHS, Result, format_table, run_benchmark
-from .steps import BASELINE, DTYPES, EXPLICIT, MASKS, MODES, VARIANTS, Step, make_mask, make_step, make_variants
+from .steps import (BASELINE, DTYPES, EXPLICIT, KERNELS, MASKS, MODES, VARIANTS, Step, make_mask, make_step,
+                    make_variants)
 from .timing import time_steps
 
 __all__ = [
@@ -60,6 +64,7 @@ __all__ = [
     "DTYPES",
     "EXPLICIT",
     "EXPLICIT_COPIES",
+    "KERNELS",
     "MASKS",
     "MODES",
     "QUICK_LENGTHS",

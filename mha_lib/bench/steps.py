@@ -7,13 +7,15 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..efficient import EfficientMultiHeadAttention
 from ..multi_head import MultiHeadAttention
+from ..positions import alibi_bias
 from ..validation import check_heads, check_positive_int
 
-__all__ = ["BASELINE", "DTYPES", "EXPLICIT", "MASKS", "MODES", "VARIANTS", "Step", "make_mask", "make_step",
-           "make_variants"]
+__all__ = ["BASELINE", "DTYPES", "EXPLICIT", "KERNELS", "MASKS", "MODES", "VARIANTS", "Step", "make_mask",
+           "make_step", "make_variants"]
 
 VARIANTS = ("teaching", "efficient", "nn.MHA(weights)", "nn.MHA")
 BASELINE = "nn.MHA"  # need_weights=False
@@ -25,6 +27,13 @@ MASKS = {
     "causal": "a causal (L, L) bool mask",
     "per-head": "a causal (H, L, L) bool mask, one per head (the shape of the last chapter, restricting heads)",
     "float-grad": "a causal (L, L) float mask of 0 and -inf that requires grad (a learned bias)",
+    "halves": "an (H, L, L) bool mask: even heads see the first half of the keys, odd heads the second "
+              "(chapter 12's challenge)",
+    "alibi": "ALiBi's (H, L, L) float bias, causal (chapter 06)",
+}
+KERNELS = {  # which kernels F.scaled_dot_product_attention may choose from (torch.nn.attention.sdpa_kernel)
+    "auto": "any (PyTorch picks)",
+    "math": "the explicit math kernel only, which stores the weights",
 }
 
 Variant = Callable[..., Tensor]  # (x (B, L, D), mask=None) -> output (B, L, D)
@@ -41,6 +50,12 @@ def make_mask(kind: str, length: int, num_heads: int, device: torch.device | str
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # (L, L)
     if kind == "per-head":
         return causal.repeat(num_heads, 1, 1)  # (H, L, L)
+    if kind == "halves":
+        first = torch.arange(length, device=device) < length // 2  # (L,): the keys of the first half
+        per_head = torch.stack([first if h % 2 == 0 else ~first for h in range(num_heads)])  # (H, L)
+        return per_head[:, None, :].expand(num_heads, length, length).contiguous()  # (H, L, L)
+    if kind == "alibi":
+        return alibi_bias(num_heads, length, device=device).to(dtype).masked_fill(~causal, float("-inf"))  # (H, L, L)
     if kind == "float-grad":
         bias = torch.zeros(length, length, dtype=dtype, device=device).masked_fill(~causal, float("-inf"))
         return bias.requires_grad_()  # (L, L)
@@ -136,22 +151,27 @@ class Step:
 
         step = Step("teaching", "forward", length=1024, d_model=128, num_heads=8)
         step()  # builds the modules and a (batch, length, d_model) input, then runs
+
+    ``kernel="math"`` runs the step with the math kernel only (:data:`KERNELS`), the kernel the
+    CPU chooses where no fused one takes the inputs: "before" of a change that lets a fused one.
     """
 
     def __init__(self, variant: str, mode: str, length: int, batch: int = 1, d_model: int = 512,
                  num_heads: int = 8, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 mask: str = "none", dropout: float = 0.0, seed: int = 0) -> None:
+                 mask: str = "none", dropout: float = 0.0, seed: int = 0, kernel: str = "auto") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {list(VARIANTS)}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mask not in MASKS:
             raise ValueError(f"mask must be one of {list(MASKS)}, got {mask!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
         length, batch = check_positive_int(length, "length"), check_positive_int(batch, "batch")
         d_model, num_heads, dropout = check_heads(d_model, num_heads, dropout)
         self.settings = dict(variant=variant, mode=mode, length=length, batch=batch, d_model=d_model,
                              num_heads=num_heads, dtype=dtype, device=torch.device(device), mask=mask,
-                             dropout=dropout, seed=seed)
+                             dropout=dropout, seed=seed, kernel=kernel)
         self._run: Callable[[], None] | None = None
 
     def _build(self) -> Callable[[], None]:
@@ -164,7 +184,11 @@ class Step:
     def __call__(self) -> None:
         if self._run is None:
             self._run = self._build()
-        self._run()
+        if self.settings["kernel"] == "math":  # what PyTorch falls back to when no fused kernel takes the inputs
+            with sdpa_kernel(SDPBackend.MATH):
+                self._run()
+        else:
+            self._run()
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "_run": None}
