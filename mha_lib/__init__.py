@@ -6,7 +6,7 @@ Each chapter derives a piece and the next chapters import it from here:
 - :func:`causal_mask`, :func:`padding_mask` (chapters 01, 04)
 - :class:`AttentionHead` (chapter 02)
 - :func:`split_heads`, :func:`combine_heads`, :class:`MultiHeadAttention` (chapter 03)
-- :func:`sinusoidal_positions`, :func:`apply_rotary`, :func:`alibi_bias`,
+- :func:`sinusoidal_positions`, :func:`apply_rotary`, :func:`rotary_permutation`, :func:`alibi_bias`,
   :func:`relative_position_buckets` (chapter 06, positions inside attention)
 - :class:`EncoderLayer` and :mod:`mha_lib.sentiment` (chapter 07)
 - :mod:`mha_lib.induction`: induction heads in an attention-only transformer (chapter 08)
@@ -33,7 +33,7 @@ from .latent import LatentCache, MultiHeadLatentAttention, latent_cache_bytes
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .multi_head import MultiHeadAttention
 from .plotting import plot_attention
-from .positions import alibi_bias, apply_rotary, relative_position_buckets, sinusoidal_positions
+from .positions import alibi_bias, apply_rotary, relative_position_buckets, rotary_permutation, sinusoidal_positions
 from .single_head import AttentionHead
 
 # The course's subpackages, so that `import mha_lib` gives mha_lib.sentiment and the rest;
@@ -62,6 +62,7 @@ __all__ = [
     "plot_attention",
     "relative_position_buckets",
     "repeat_kv",
+    "rotary_permutation",
     "scaled_dot_product_attention",
     "seed_everything",
     "sinusoidal_positions",

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .validation import check_base, check_device, check_flag, check_positive_int, describe
 
-__all__ = ["sinusoidal_positions", "apply_rotary", "alibi_slopes", "alibi_bias", "relative_position_buckets"]
+__all__ = ["sinusoidal_positions", "apply_rotary", "rotary_permutation", "alibi_slopes", "alibi_bias", "relative_position_buckets"]
 
 
 def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
@@ -49,7 +49,8 @@ def sinusoidal_positions(seq_len: int, d_model: int, device: torch.device | str 
     return table.float()  # (L, D)
 
 
-def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0,
+                 interleaved: bool = False) -> Tensor:
     """Rotate queries or keys by their positions (RoPE); ``(..., L, d_k) -> (..., L, d_k)``.
 
     The ``d_k`` features of each head form ``d_k / 2`` pairs; pair ``i`` at position ``m``
@@ -61,19 +62,24 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
     ``q`` by ``iθ`` and ``k`` by ``jθ`` rotates their dot product by ``(i - j)θ``, the score
     ``q_i · k_j`` depends on the positions only through the offset ``i - j``.
 
-    Pairing convention: **half-split**, pair ``i`` is features ``(i, i + d_k/2)``, as in
-    GPT-NeoX and Hugging Face's LLaMA/Mistral/Qwen (``rotate_half``), the code a learner is
-    most likely to read. The RoFormer paper and Meta's original LLaMA code pair neighbours
-    ``(2i, 2i + 1)`` (interleaved). The two differ only by a fixed permutation of the
-    features of ``W_q`` and ``W_k`` (which is how checkpoints are converted between them);
-    both give the offset property, but weights trained with one are wrong with the other.
+    Pairing convention: by default **half-split**, pair ``i`` is features ``(i, i + d_k/2)``,
+    as in GPT-NeoX and Hugging Face's LLaMA/Mistral/Qwen (``rotate_half``), the code a learner
+    is most likely to read. ``interleaved=True`` pairs neighbours ``(2i, 2i + 1)``, as the
+    RoFormer paper, GPT-J and Meta's original LLaMA code do. The two differ only by a fixed
+    permutation of each head's features (evens first, then odds), the same one applied to the
+    rows of ``W_q`` and ``W_k`` when a checkpoint is converted between them; both give the
+    offset property, but weights trained with one are wrong with the other.
 
     Args:
         x: ``(..., L, d_k)`` with even ``d_k``, usually a ``(B, H, L, d_k)`` tensor of queries
             or keys right after :func:`~mha_lib.split_heads`. Never apply it to the values.
-        positions: integer tensor ``(L,)``, the position of each of the ``L`` rows; defaults
-            to ``arange(L)``. A decoder with a cache of ``T`` tokens passes ``arange(T, T + L)``.
-        base: the wavelength scale; 10000 as in the paper.
+        positions: integer tensor, the position of each of the ``L`` rows: ``(L,)`` for every
+            sequence alike, or ``(B, L)`` per sequence (``x`` then has ``B`` as its first
+            dimension: ``(B, L, d_k)`` or ``(B, H, L, d_k)``), e.g. a left-padded batch whose
+            real tokens start at different offsets. Defaults to ``arange(L)``. A decoder with a
+            cache of ``T`` tokens passes ``arange(T, T + L)``. Moved to ``x``'s device.
+        base: the wavelength scale; 10000 as in the paper (500000 in LLaMA 3).
+        interleaved: pair neighbours ``(2i, 2i + 1)`` instead of ``(i, i + d_k/2)``.
 
     Returns:
         the rotated tensor, same shape and dtype as ``x``.
@@ -87,20 +93,46 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         raise ValueError(f"apply_rotary needs an even d_k (features are rotated in pairs), got d_k={d_k}")
     if positions is None:
         positions = torch.arange(L, device=x.device)
-    if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor (L,), got {getattr(positions, 'dtype', positions)!r}")
-    if positions.shape != (L,):
-        raise ValueError(f"positions must have shape (L,) = ({L},), got {tuple(positions.shape)}")
+    if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.is_complex() \
+            or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor (L,) or (B, L), "
+                        f"got {getattr(positions, 'dtype', type(positions).__name__)!r}")
+    if positions.dim() == 2 and x.dim() >= 3 and positions.shape == (x.size(0), L):
+        positions = positions.reshape(x.size(0), *[1] * (x.dim() - 3), L)  # (B, 1, ..., L): per sequence
+    elif positions.shape != (L,):
+        per_sequence = f" or (B, L) = ({x.size(0)}, {L})" if x.dim() >= 3 else ""
+        raise ValueError(f"positions must have shape (L,) = ({L},){per_sequence} for x of shape {tuple(x.shape)}, "
+                         f"got {tuple(positions.shape)}")
     base = check_base(base)
+    interleaved = check_flag(interleaved, "interleaved")
 
     dtype = torch.promote_types(x.dtype, torch.float32)  # angles in at least float32
     half = d_k // 2
     theta = base ** (-torch.arange(half, dtype=dtype, device=x.device) * 2 / d_k)  # (d_k/2,)
-    angles = positions.to(device=x.device, dtype=dtype)[:, None] * theta  # (L, d_k/2)
-    cos, sin = angles.cos(), angles.sin()  # (L, d_k/2), broadcast over (...)
-    a, b = x.to(dtype).split(half, dim=-1)  # (..., L, d_k/2) each: the pairs (a_i, b_i)
-    rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, d_k)
+    angles = positions.to(device=x.device, dtype=dtype)[..., None] * theta  # (L, d_k/2) or (B, 1, ..., L, d_k/2)
+    cos, sin = angles.cos(), angles.sin()  # broadcast over (...)
+    if interleaved:  # neighbours (2i, 2i + 1)
+        a, b = x[..., 0::2].to(dtype), x[..., 1::2].to(dtype)  # (..., L, d_k/2) each
+        rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (..., L, d_k)
+    else:  # halves (i, i + d_k/2)
+        a, b = x.to(dtype).split(half, dim=-1)  # (..., L, d_k/2) each: the pairs (a_i, b_i)
+        rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, d_k)
     return rotated.to(x.dtype)
+
+
+def rotary_permutation(d_k: int) -> Tensor:
+    """The permutation of one head's features that turns neighbour pairing into half-split pairing.
+
+    ``perm = [0, 2, 4, …, d_k - 2, 1, 3, …, d_k - 1]`` (evens first, then odds), int64 ``(d_k,)``:
+    ``apply_rotary(x, interleaved=True)[..., perm] == apply_rotary(x[..., perm])``. A checkpoint
+    trained with neighbour pairing runs with half-split pairing after ``W[perm]`` on each head's
+    rows of ``W_q`` and ``W_k`` (and their biases); the scores are then unchanged, since a dot
+    product ignores an order of features that its two sides share. ``argsort(perm)`` goes back.
+    """
+    d_k = check_positive_int(d_k, "d_k")
+    if d_k % 2 != 0:
+        raise ValueError(f"rotary_permutation needs an even d_k (features are rotated in pairs), got d_k={d_k}")
+    return torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

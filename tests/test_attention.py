@@ -163,3 +163,76 @@ def test_mask_errors():
         scaled_dot_product_attention(q, k, v, torch.ones(3, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="dropout_p"):
         scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+
+
+# --- learned attention sinks: one more logit per row, for no key ---------------------------------
+
+
+@pytest.mark.parametrize("mask_kind", [None, "causal", "random_bool", "float"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_a_sink_equals_one_more_key_with_the_sinks_score_and_a_zero_value(mask_kind, dtype, device):
+    """gpt-oss's sinks: softmax over [scores, sink], the sink's column dropped. The same as PyTorch's
+    kernel over the keys plus one: a zero key (score 0) whose float mask entry is the sink, a zero value."""
+    B, H, Lq, Lk, d_k = 2, 3, 5, 6, 4
+    q, k, v = make_qkv((B, H), Lq, Lk, d_k, d_k, dtype, device)
+    mask = make_mask(mask_kind, (B, H), Lq, Lk, device)
+    sinks = randn(H, 1, 1, device=device, dtype=dtype) * 2  # one logit per head
+    out, weights = scaled_dot_product_attention(q, k, v, mask, sinks=sinks)
+    additive = torch.zeros(B, H, Lq, Lk, dtype=dtype, device=device)
+    if mask is not None:
+        additive = additive.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else additive + mask
+    extra = torch.cat([additive, sinks.expand(B, H, Lq, 1)], dim=-1)  # (B, H, Lq, Lk + 1)
+    zero = torch.zeros(B, H, 1, d_k, dtype=dtype, device=device)
+    k1, v1 = torch.cat([k, zero], dim=-2), torch.cat([v, zero], dim=-2)
+    expected = F.scaled_dot_product_attention(q, k1, v1, attn_mask=extra)
+    torch.testing.assert_close(out, expected, **TOLERANCES[dtype])
+    torch.testing.assert_close(weights, reference_weights(q, k1, extra)[..., :-1], **TOLERANCES[dtype])
+    plain_out, plain_weights = scaled_dot_product_attention(q, k, v, mask)
+    share = 1 - weights.sum(-1)  # what the sink took: exp(sink) / (exp(sink) + Σ exp(scores))
+    assert (share > 0).all() and (share < 1).all()
+    torch.testing.assert_close(weights, plain_weights * (1 - share[..., None]), **TOLERANCES[dtype])
+    assert not torch.allclose(out, plain_out)
+
+
+def test_sinks_by_the_formula_and_their_limits():
+    q, k, v = make_qkv((3,), 4, 5, 8, 8, torch.float64, "cpu")
+    scores = q @ k.transpose(-2, -1) / 8 ** 0.5  # (3, 4, 5)
+    sinks = torch.tensor([0.0, 1.5, -2.0], dtype=torch.float64)[:, None, None]  # 0: Miller's "softmax plus one"
+    _, weights = scaled_dot_product_attention(q, k, v, sinks=sinks)
+    expected = scores.exp() / (sinks.exp() + scores.exp().sum(-1, keepdim=True))
+    torch.testing.assert_close(weights, expected)
+    never = torch.full((3, 1, 1), float("-inf"), dtype=torch.float64)  # a sink at -inf takes nothing
+    for a, b in zip(scaled_dot_product_attention(q, k, v, sinks=never), scaled_dot_product_attention(q, k, v)):
+        torch.testing.assert_close(a, b)
+    everything = torch.full((3, 1, 1), 1e4, dtype=torch.float64)  # a huge sink takes every row's weight
+    out, weights = scaled_dot_product_attention(q, k, v, sinks=everything)
+    assert weights.abs().max() < 1e-100 and out.abs().max() < 1e-100
+
+
+def test_a_sink_on_a_fully_masked_row_and_its_gradient():
+    q, k, v = make_qkv((2,), 3, 4, 5, 6, torch.float64, "cpu")
+    sinks = torch.tensor([0.5, -1.0], dtype=torch.float64)[:, None, None].requires_grad_(True)
+    keep = torch.ones(3, 4, dtype=torch.bool)
+    keep[1] = False  # query 1 may attend to nothing: the sink takes all of its weight
+    out, weights = scaled_dot_product_attention(q, k, v, keep, sinks=sinks)
+    assert (weights[:, 1] == 0).all() and (out[:, 1] == 0).all()
+    assert (weights[:, [0, 2]].sum(-1) < 1).all()
+    out.sum().backward()
+    assert torch.isfinite(sinks.grad).all() and (sinks.grad != 0).all()  # a sink learns
+    assert torch.autograd.gradcheck(
+        lambda s: scaled_dot_product_attention(q, k, v, keep, sinks=s)[0], (sinks.detach().requires_grad_(True),))
+
+
+@pytest.mark.parametrize(("sinks", "error", "words"), [
+    ([0.0], TypeError, "sinks must be a torch.Tensor"),
+    (torch.zeros(3, 1, 1, dtype=torch.long), TypeError, "floating-point"),
+    (torch.zeros(3, 1, 1, dtype=torch.float32), TypeError, "dtype torch.float32"),
+    (torch.zeros(3, 1, 1, dtype=torch.float64, device="meta"), ValueError, "on meta"),
+    (torch.zeros(3, 1, 2, dtype=torch.float64), ValueError, r"one logit per row"),
+    (torch.zeros(4, 1, 1, dtype=torch.float64), ValueError, r"does not broadcast"),
+    (torch.zeros(5, 3, 1, 1, dtype=torch.float64), ValueError, r"does not broadcast"),
+])
+def test_bad_sinks_are_refused(sinks, error, words):
+    q, k, v = make_qkv((2, 3), 4, 5, 8, 8, torch.float64, "cpu")
+    with pytest.raises(error, match=words):
+        scaled_dot_product_attention(q, k, v, sinks=sinks)

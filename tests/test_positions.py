@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import TOLERANCES
-from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, combine_heads,
-                     sinusoidal_positions, split_heads)
+from mha_lib import (EfficientMultiHeadAttention, KVCache, MultiHeadAttention, apply_rotary, causal_mask,
+                     combine_heads, padding_mask, rotary_permutation, sinusoidal_positions, split_heads)
 from mha_lib.positions import alibi_bias, alibi_slopes, relative_position_buckets
 
 
@@ -163,8 +163,14 @@ def test_apply_rotary_refuses_bad_input():
         apply_rotary(torch.randn(2, 3, 4, 5))
     with pytest.raises(ValueError, match=r"\(\.\.\., L, d_k\)"):
         apply_rotary(torch.randn(4))
-    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\) or \(B, L\) = \(1, 4\) .*got \(3,\)"):
         apply_rotary(torch.randn(1, 4, 8), torch.arange(3))
+    with pytest.raises(ValueError, match=r"\(B, L\) = \(2, 4\) .*got \(3, 4\)"):  # a batch of 3 positions for 2
+        apply_rotary(torch.randn(2, 1, 4, 8), torch.zeros(3, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\) for x of shape \(4, 8\), got \(1, 4\)"):
+        apply_rotary(torch.randn(4, 8), torch.zeros(1, 4, dtype=torch.long))  # no batch dimension to match
+    with pytest.raises(ValueError, match="interleaved must be True or False"):
+        apply_rotary(torch.randn(4, 8), interleaved="yes")
     with pytest.raises(TypeError, match="integer tensor"):
         apply_rotary(torch.randn(4, 8), torch.arange(4.0))
     with pytest.raises(TypeError, match="integer tensor"):
@@ -177,7 +183,201 @@ def test_apply_rotary_refuses_bad_input():
             apply_rotary(torch.zeros(4, 8, dtype=dtype))
 
 
+# ---------------------------------------------------------------- neighbour pairing, per-sequence positions
+def reference_rotary_neighbours(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """GPT-J's formulation of RoFormer's pairing (2i, 2i + 1): x * cos + rotate_every_two(x) * sin, with
+    every angle repeated for the two features of its pair, in float64. ``positions`` ``(L,)`` or ``(B, L)``."""
+    d_k = x.size(-1)
+    inv_freq = 1.0 / base ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d_k/2,)
+    freqs = positions.double()[..., None] * inv_freq  # (..., L, d_k/2)
+    if positions.dim() == 2:  # (B, L, d_k/2) -> (B, 1, ..., L, d_k/2)
+        freqs = freqs.reshape(positions.size(0), *[1] * (x.dim() - 3), *freqs.shape[1:])
+    sin, cos = freqs.sin().repeat_interleave(2, dim=-1), freqs.cos().repeat_interleave(2, dim=-1)  # (..., L, d_k)
+    x = x.double()
+    rotate_every_two = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)  # (-x1, x0, -x3, x2, ...)
+    return x * cos + rotate_every_two * sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 1, 1, 2), (4, 6, 16), (7, 64)])
+def test_interleaved_rotary_matches_gpt_j(shape, dtype, device):
+    x = torch.randn(*shape, dtype=torch.float64).to(device, dtype)
+    positions = torch.randint(0, 1000, (shape[-2],))
+    # float32 angles near 1000 radians are 6e-5 apart, and the rotation inherits that error
+    tolerance = dict(atol=2e-4, rtol=1e-4) if dtype == torch.float32 else TOLERANCES[dtype]
+    for base in (10000.0, 500000.0):
+        out = apply_rotary(x, positions.to(device), base=base, interleaved=True)
+        assert out.shape == x.shape and out.dtype == dtype and out.device == x.device
+        expected = reference_rotary_neighbours(x.cpu(), positions, base).to(device, dtype)
+        torch.testing.assert_close(out, expected, **tolerance)
+    if shape[-1] > 2:  # one pair is both pairings at once
+        assert not torch.allclose(apply_rotary(x, positions.to(device)), out, atol=1e-2)
+
+
+def test_interleaved_rotary_turns_neighbours():
+    """d_k = 4, interleaved: features (0, 1) turn by m, features (2, 3) by m / 100 (θ_1 = 10000^(-2/4))."""
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    y[0, 0], y[0, 2] = 1.0, 1.0
+    out = apply_rotary(y, torch.tensor([3]), interleaved=True)
+    expected = [math.cos(3), math.sin(3), math.cos(0.03), math.sin(0.03)]
+    torch.testing.assert_close(out, torch.tensor([expected], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("d_k", [2, 8, 64])
+def test_rotary_permutation_converts_neighbour_pairing_to_half_split(d_k):
+    perm = rotary_permutation(d_k)
+    assert perm.dtype == torch.int64 and sorted(perm.tolist()) == list(range(d_k))
+    x, positions = torch.randn(2, 3, 7, d_k, dtype=torch.float64), torch.randint(-50, 5000, (7,))
+    interleaved = apply_rotary(x, positions, interleaved=True)
+    torch.testing.assert_close(interleaved[..., perm], apply_rotary(x[..., perm], positions))
+    back = torch.argsort(perm)
+    torch.testing.assert_close(apply_rotary(x[..., perm], positions)[..., back], interleaved)
+    if d_k > 2:  # the identity would not do
+        assert not torch.allclose(interleaved, apply_rotary(x, positions))
+
+
+def test_rotary_permutation_is_the_one_llama_checkpoints_are_converted_with():
+    """Hugging Face's convert_llama_weights_to_hf.py permutes W_q's and W_k's rows, head by head, with
+    ``w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)``."""
+    H, d_k, D = 3, 8, 5
+    rows = torch.arange(H * d_k, dtype=torch.float64)[:, None].expand(H * d_k, D)  # row r holds r
+    hf = rows.reshape(H, d_k // 2, 2, D).transpose(1, 2).reshape(H * d_k, D)
+    ours = (torch.arange(H)[:, None] * d_k + rotary_permutation(d_k)).flatten()  # head by head
+    assert hf[:, 0].long().tolist() == ours.tolist()
+
+
+def test_a_neighbour_paired_module_equals_a_half_split_one_with_permuted_rows():
+    """The conversion of a checkpoint: permute each head's rows of W_q and W_k (and their biases)."""
+    D, H, H_kv, L = 16, 4, 2, 6
+    neighbours = MultiHeadAttention(D, H, num_kv_heads=H_kv, rotary=True, rope_interleaved=True).double().eval()
+    halves = MultiHeadAttention(D, H, num_kv_heads=H_kv, rotary=True).double().eval()
+    perm = rotary_permutation(D // H)
+    state = dict(neighbours.state_dict())
+    for name, heads in (("W_q", H), ("W_k", H_kv)):
+        rows = (torch.arange(heads)[:, None] * (D // H) + perm).flatten()
+        state[f"{name}.weight"], state[f"{name}.bias"] = state[f"{name}.weight"][rows], state[f"{name}.bias"][rows]
+    halves.load_state_dict(state)
+    x = torch.randn(2, L, D, dtype=torch.float64)
+    (out_n, w_n), (out_h, w_h) = (m(x, x, x, causal_mask(L), return_weights=True) for m in (neighbours, halves))
+    torch.testing.assert_close(out_h, out_n)
+    torch.testing.assert_close(w_h, w_n)
+    halves.load_state_dict(neighbours.state_dict())  # unconverted weights: another function
+    assert not torch.allclose(halves(x, x, x, causal_mask(L)), out_n, atol=1e-3)
+
+
+def test_per_sequence_positions_rotate_each_sequence_by_its_own():
+    x = torch.randn(3, 2, 5, 8, dtype=torch.float64)  # (B, H, L, d_k)
+    positions = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])  # (B, L)
+    for interleaved in (False, True):
+        out = apply_rotary(x, positions, interleaved=interleaved)
+        for b in range(3):
+            torch.testing.assert_close(out[b], apply_rotary(x[b], positions[b], interleaved=interleaved))
+        reference = reference_rotary_neighbours(x, positions) if interleaved else torch.stack(
+            [reference_rotary(x[b], positions[b]) for b in range(3)])
+        torch.testing.assert_close(out, reference)
+    single_head = apply_rotary(x[:, 0], positions)  # (B, L, d_k): positions (B, L) fit too
+    torch.testing.assert_close(single_head, apply_rotary(x, positions)[:, 0])
+    assert not torch.allclose(apply_rotary(x, positions), apply_rotary(x))
+
+
 # ---------------------------------------------------------------- rotary=True in the modules
+def rotary_module_reference(module, x, positions, mask=None):
+    """Self-attention with RoPE at ``positions`` (B, L) written out: project, split, rotate (the
+    module's base and pairing, by the references above), attend with PyTorch's kernel, combine."""
+    H, H_kv, d_k = module.num_heads, module.num_kv_heads, module.d_k
+    q = module.W_q(x).unflatten(-1, (H, d_k)).transpose(1, 2)  # (B, H, L, d_k)
+    k = module.W_k(x).unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    v = module.W_v(x).unflatten(-1, (H_kv, d_k)).transpose(1, 2).repeat_interleave(H // H_kv, dim=1)
+    if module.rope_interleaved:
+        q, k = (reference_rotary_neighbours(t, positions, module.rope_base) for t in (q, k))
+    else:
+        q, k = (torch.stack([reference_rotary(t[b], positions[b], module.rope_base) for b in range(t.size(0))])
+                for t in (q, k))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v.double(), attn_mask=mask)
+    return module.W_o(heads.transpose(1, 2).flatten(2))
+
+
+def fused_copy(teaching: MultiHeadAttention) -> EfficientMultiHeadAttention:
+    """An EfficientMultiHeadAttention built with the teaching module's RoPE settings, holding its weights."""
+    fused = EfficientMultiHeadAttention(teaching.d_model, teaching.num_heads, num_kv_heads=teaching.num_kv_heads,
+                                        rotary=True, rope_base=teaching.rope_base,
+                                        rope_interleaved=teaching.rope_interleaved).double().eval()
+    with torch.no_grad():
+        fused.W_qkv.weight.copy_(torch.cat([teaching.W_q.weight, teaching.W_k.weight, teaching.W_v.weight]))
+        fused.W_qkv.bias.copy_(torch.cat([teaching.W_q.bias, teaching.W_k.bias, teaching.W_v.bias]))
+        fused.W_o.load_state_dict(teaching.W_o.state_dict())
+    return fused
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("base", [10000.0, 500000.0, 100.0])
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_rope_base_pairing_and_positions_in_the_modules(kind, base, interleaved):
+    B, L, D, H = 3, 6, 16, 4
+    teaching = MultiHeadAttention(D, H, num_kv_heads=2, rotary=True, rope_base=base,
+                                  rope_interleaved=interleaved).double().eval()
+    module = teaching if kind == "teaching" else fused_copy(teaching)
+    assert module.rope_base == base and module.rope_interleaved == interleaved
+    x = torch.randn(B, L, D, dtype=torch.float64)
+    per_sequence = torch.randint(-3, 3000, (B, L))
+    arange = torch.arange(L).expand(B, L)
+    for positions, given in ((arange, None), (arange, torch.arange(L)), (per_sequence, per_sequence)):
+        expected = rotary_module_reference(teaching, x, positions, causal_mask(L))
+        torch.testing.assert_close(module(x, x, x, causal_mask(L), positions=given), expected)
+    other = MultiHeadAttention(D, H, num_kv_heads=2, rotary=True, rope_base=base * 3,
+                               rope_interleaved=not interleaved).double().eval()
+    other.load_state_dict(teaching.state_dict())
+    assert not torch.allclose(other(x, x, x), teaching(x, x, x), atol=1e-4)  # the settings change the function
+
+
+def test_default_rope_settings_are_the_old_ones():
+    torch.manual_seed(3)
+    old = MultiHeadAttention(16, 4, rotary=True).double().eval()
+    same = MultiHeadAttention(16, 4, rotary=True, rope_base=10000, rope_interleaved=False).double().eval()
+    same.load_state_dict(old.state_dict())
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    assert old.rope_base == 10000.0 and not old.rope_interleaved and repr(old) == repr(same)
+    assert torch.equal(old(x, x, x), same(x, x, x))
+    assert torch.equal(old(x, x, x), old(x, x, x, positions=torch.arange(7)))
+    torch.testing.assert_close(old(x, x, x), rotary_module_reference(old, x, torch.arange(7).expand(2, 7)))
+
+
+@pytest.mark.parametrize("kind", ["teaching", "efficient"])
+def test_a_left_padded_batch_with_positions_equals_each_sequence_alone(kind):
+    """Hugging Face's recipe for batched generation: pad on the left, count positions from each
+    sequence's first real token, block the pads; then decode with a cache, positions per sequence.
+    (RoPE's scores depend on offsets only, so the default positions, one shift of these, give the same
+    outputs; positions that are not one shift, such as two draft tokens at one position, do not.)"""
+    D, H, lengths, longest, new = 16, 4, [5, 2, 4], 5, 3
+    teaching = MultiHeadAttention(D, H, num_kv_heads=2, rotary=True, rope_base=500.0).double().eval()
+    module = teaching if kind == "teaching" else fused_copy(teaching)
+    tokens = [torch.randn(1, n + new, D, dtype=torch.float64) for n in lengths]  # prompt, then 3 new tokens
+    alone = [module(t, t, t, causal_mask(t.size(1))) for t in tokens]  # (1, n + new, D) each
+    padded = torch.zeros(len(lengths), longest, D, dtype=torch.float64)  # left padding: zeros first
+    for b, (t, n) in enumerate(zip(tokens, lengths)):
+        padded[b, longest - n:] = t[0, :n]
+    real = padding_mask(lengths, max_len=longest).flip(-1)  # (B, 1, 1, L): True on the real tokens, at the right
+    positions = (real[:, 0, 0].long().cumsum(-1) - 1).clamp(min=0)  # (B, L): 0, 0, 0, 1, 2 for a length of 3
+    out = module(padded, padded, padded, real & causal_mask(longest), positions=positions)
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, longest - n:], alone[b][0, :n])
+    shifted = module(padded, padded, padded, real & causal_mask(longest))  # 0..L-1: each sequence shifted
+    torch.testing.assert_close(shifted, out)
+    reversed_positions = module(padded, padded, padded, real & causal_mask(longest), positions=positions.flip(-1))
+    assert not torch.allclose(reversed_positions[0], out[0])  # the positions given are the ones used
+    cache = KVCache()  # prefill, then one token at a time
+    module(padded, padded, padded, real & causal_mask(longest), cache=cache, positions=positions)
+    next_position = positions[:, -1:] + 1  # (B, 1)
+    for step in range(new):
+        x = torch.stack([t[0, n + step] for t, n in zip(tokens, lengths)])[:, None]  # (B, 1, D)
+        keys = torch.cat([real, torch.ones(len(lengths), 1, 1, step + 1, dtype=torch.bool)], dim=-1)
+        y = module(x, x, x, keys, cache=cache, positions=next_position)  # (B, 1, D)
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(y[b, 0], alone[b][0, n + step])
+        next_position = next_position + 1
+
+
+
 def rotary_reference(module, query, key, value, mask=None, rotate_values=False):
     """Project with the teaching module's weights, rotate q and k per head, attend, combine."""
     q, k, v = module.W_q(query), module.W_k(key), module.W_v(value)

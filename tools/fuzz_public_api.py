@@ -238,6 +238,13 @@ def functions() -> Iterator[Case]:
                       valid=(torch.arange(3), np.int64(0) + torch.arange(3)))
     yield from values("apply_rotary", mha_lib.apply_rotary, dict(x=r), "base",
                       bad=(INF, NAN, 1.0, 0.5, -1.0, "1e4", None, True), valid=(np.float64(10000.0), 10000))
+    yield from values("apply_rotary", mha_lib.apply_rotary, dict(x=r), "positions",
+                      bad=(torch.arange(3).view(3, 1), torch.arange(3).view(1, 1, 3), torch.arange(3).bool()),
+                      valid=(torch.arange(3).view(1, 3),), words=("positions",))
+    yield from values("apply_rotary", mha_lib.apply_rotary, dict(x=r), "interleaved", bad=flag_bad(),
+                      valid=(np.bool_(False),))
+    yield from sizes("rotary_permutation", mha_lib.rotary_permutation, dict(d_k=4), ("d_k",),
+                     extra_bad={"d_k": (3,)})
     yield from values("plot_attention", mha_lib.plot_attention, dict(weights=torch.rand(3, 4)), "weights",
                       bad=(None, "w", torch.rand(2, 2, 2, 3, 4), torch.rand(0, 4)), valid=(),
                       either=(np.random.default_rng(0).random((3, 4)), [[0.5, 0.5], [1.0, 0.0]], torch.rand(3, 4) * NAN))
@@ -295,6 +302,11 @@ def sdpa_cases(randn: Callable[..., torch.Tensor]) -> Iterator[Case]:
                       words=("mask",))
     yield from values("scaled_dot_product_attention", sdpa, base, "dropout_p",
                       bad=(-0.1, 1.0, NAN, "0.1", None, True), valid=(0, np.float64(0.0)))
+    yield from values("scaled_dot_product_attention", sdpa, base, "sinks",
+                      bad=([0.0], torch.zeros(2, 1, 1).long(), torch.zeros(2, 1, 1).double(), torch.zeros(2, 1, 2),
+                           torch.zeros(3, 1, 1), torch.zeros(2, 3, 5), torch.full((2, 1, 1), NAN),
+                           torch.full((2, 1, 1), INF), "0"),
+                      valid=(torch.full((2, 1, 1), -INF),), words=("sinks",))  # -inf: no sink
     for shape in ((3, 4), (1, 2, 3, 4), (2, 1, 2, 3, 4)):
         qq, kk, vv = randn(*shape), randn(*shape[:-2], 5, 4), randn(*shape[:-2], 5, 6)
         yield Case(f"scaled_dot_product_attention({shape} against PyTorch)", partial(sdpa, qq, kk, vv), "valid",
@@ -332,6 +344,27 @@ def module_cases() -> Iterator[Case]:
         for flag in ("bias", "rotary"):
             yield from values(name, cls, dict(base, **{flag: False}), flag, bad=flag_bad(), valid=(np.bool_(False),))
         yield Case(f"{name}(rotary=True, d_k odd)", partial(cls, 6, 2, rotary=True), "bad", ("rotary", "d_k"))
+        rotary = dict(base, rotary=True)
+        yield from values(name, cls, rotary, "rope_base", bad=(INF, NAN, 1.0, 0.5, -1.0, "1e4", True),
+                          valid=(np.float64(10000.0), 10000))
+        yield from values(name, cls, rotary, "rope_interleaved", bad=flag_bad(), valid=(np.bool_(False),))
+        for flag in ("qk_norm", "sinks"):
+            yield from values(name, cls, dict(base, **{flag: False}), flag, bad=flag_bad(), valid=(np.bool_(False),))
+        for setting in (dict(rope_base=500.0), dict(rope_interleaved=True)):  # RoPE's settings without RoPE
+            yield Case(f"{name}({next(iter(setting))}, rotary=False)", partial(cls, 8, 2, **setting), "bad",
+                       ("rotary",))
+        if cls is mha_lib.EfficientMultiHeadAttention:  # its kernel takes no sink logits: refused, not ignored
+            yield Case(f"{name}(sinks=True)", partial(cls, 8, 2, sinks=True), "bad", ("sinks",))
+        rotary_module = seeded(cls)(8, 2, rotary=True)
+        fwd = dict(query=x, key=x, value=x)
+        yield from values(f"{name}.forward", rotary_module, fwd, "positions",
+                          bad=(torch.arange(4.0), [0, 1, 2, 3], torch.arange(5), torch.arange(12).view(3, 4),
+                               torch.arange(4).bool(), torch.arange(4, device="meta"), "0..3"),
+                          valid=(torch.arange(4), torch.arange(4).expand(2, 4), np.int64(0) + torch.arange(4)))
+        yield Case(f"{name}.forward(positions, rotary=False)",
+                   partial(seeded(cls)(8, 2), x, x, x, positions=torch.arange(4)), "bad", ("positions", "rotary"))
+        yield Case(f"{name}.forward(positions, cross-attention)",
+                   partial(rotary_module, x, x[:, :2], x[:, :2], positions=torch.arange(4)), "bad", ("positions",))
         module = seeded(cls)(8, 2)
         fwd = dict(query=x, key=x, value=x)
         for arg in ("query", "key", "value"):

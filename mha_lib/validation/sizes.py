@@ -157,8 +157,8 @@ def check_positive_number(value: object, name: str, *, zero: bool = False) -> fl
     return float(value)
 
 
-def check_base(base: object) -> float:
+def check_base(base: object, name: str = "base") -> float:
     """RoPE's wavelength scale: a finite number above 1 (10000 in the paper)."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real) or not (1 < base < math.inf):
-        raise ValueError(f"base must be a finite number above 1 (10000 in the paper), got {base!r}")
+        raise ValueError(f"{name} must be a finite number above 1 (10000 in the paper), got {base!r}")
     return float(base)

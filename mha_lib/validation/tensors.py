@@ -23,7 +23,8 @@ class DecodingCache(Protocol):
 
     def extend(self, *args: Any, **kwargs: Any) -> Any: ...
 
-__all__ = ["check_attention_inputs", "check_cache", "check_forward", "check_qkv", "check_sequence", "same_tensor"]
+__all__ = ["check_attention_inputs", "check_cache", "check_forward", "check_positions", "check_qkv", "check_sequence",
+           "check_sinks", "same_tensor"]
 
 
 def _autocast_on(device: torch.device) -> bool:
@@ -117,14 +118,35 @@ def _output_weight(module: Any) -> Tensor:
         return module.W_o.weight
 
 
+def check_positions(module: Any, positions: object, query: Tensor, key: Tensor) -> None:
+    """A clear error unless ``positions`` fits a rotary module's self-attention input ``query``
+    ``(B, L, d_model)``: an integer tensor ``(L,)`` or ``(B, L)`` on the input's device."""
+    if not getattr(module, "rotary", False):
+        raise ValueError("positions are RoPE's: they rotate the queries and keys of a module built with rotary=True; "
+                         "this one has rotary=False (learned or sinusoidal positions are added to the input instead)")
+    if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.is_complex() \
+            or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer tensor (L,) or (B, L), "
+                        f"got {getattr(positions, 'dtype', type(positions).__name__)!r}")
+    B, L = query.shape[:2]
+    if key.size(1) != L:
+        raise ValueError(f"positions number the tokens of self-attention, where the queries are the keys; got "
+                         f"{L} queries and {key.size(1)} keys (without positions, each side counts from its start)")
+    if positions.shape != (L,) and positions.shape != (B, L):
+        raise ValueError(f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), got {tuple(positions.shape)}")
+    if positions.device != query.device:
+        raise ValueError(f"positions is on {positions.device} but the input is on {query.device}; "
+                         f"move it, e.g. positions.to({str(query.device)!r})")
+
+
 def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                  cache: DecodingCache | None, return_weights: object = False) -> int:
+                  cache: DecodingCache | None, return_weights: object = False, positions: object = None) -> int:
     """Every check of a multi-head ``forward``, once, at the door; returns ``T`` (cached positions).
 
     query ``(B, Lq, d_model)``, key and value ``(B, Lk, d_model)`` of the module's dtype and
     device; ``cache`` as :func:`check_cache` says; ``mask`` against the scores
-    ``(B, H, Lq, T + Lk)``. A float mask's values are read (a host sync), while decoding too.
-    Self-attention on a well-formed input, the step a decoder repeats, costs a few comparisons.
+    ``(B, H, Lq, T + Lk)``; ``positions`` as :func:`check_positions` says. A float mask's values
+    are read (a host sync), while decoding too. Self-attention on a well-formed input, the step a decoder repeats, costs a few comparisons.
     """
     weight = _output_weight(module)
     fits = (query is key is value and isinstance(query, Tensor) and query.ndim == 3  # the common case
@@ -137,11 +159,40 @@ def check_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: 
     if mask is not None:
         scores = (query.size(0), module.num_heads, query.size(1), past + key.size(1))  # (B, H, Lq, T + Lk)
         check_mask(mask, torch.Size(scores), query.device)  # values too: a 0/1 float mask is refused with a cache as without
+    if positions is not None:
+        check_positions(module, positions, query, key)
     return past
 
 
+def check_sinks(sinks: object, scores_shape: torch.Size, dtype: torch.dtype, device: torch.device) -> None:
+    """A clear error unless ``sinks`` is a floating-point tensor on ``device`` that broadcasts to
+    ``scores_shape[:-1] + (1,)`` (one logit per row of scores) without growing the scores, free of
+    NaN and +inf (its values are read: a host sync)."""
+    if not isinstance(sinks, Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor of logits, e.g. (H, 1, 1) for one per head, "
+                        f"got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be floating-point logits, got dtype {sinks.dtype}; e.g. sinks.float()")
+    if sinks.device != device:
+        raise ValueError(f"sinks is on {sinks.device} but query is on {device}; move it, e.g. sinks.to({str(device)!r})")
+    if sinks.dtype != dtype and not _autocast_on(device):
+        raise TypeError(f"sinks has dtype {sinks.dtype} but query has {dtype}; e.g. sinks.to({dtype})")
+    rows = tuple(scores_shape[:-1]) + (1,)  # (..., Lq, 1)
+    try:
+        grows = torch.broadcast_shapes(sinks.shape, rows) != rows
+    except RuntimeError:
+        grows = True
+    if grows:
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)} does not broadcast to the rows of the scores "
+                         f"{rows} (one logit per row): give e.g. (H, 1, 1) for one sink per head")
+    if torch.isnan(sinks).any() or torch.isposinf(sinks).any():  # -inf is allowed: a sink that takes nothing
+        raise ValueError("sinks holds NaN or +inf: a sink logit must be a number or -inf (no sink); "
+                         "+inf would take every weight and make the softmax NaN")
+
+
 def check_attention_inputs(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: object = 0.0
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout_p: object = 0.0,
+    sinks: Tensor | None = None,
 ) -> float:
     """The checks of :func:`~mha_lib.scaled_dot_product_attention`; returns ``dropout_p`` as a float.
 
@@ -182,4 +233,7 @@ def check_attention_inputs(
     if mask is not None:
         scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
         check_mask(mask, scores_shape, query.device)  # scores (..., Lq, Lk)
+    if sinks is not None:
+        scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
+        check_sinks(sinks, scores_shape, query.dtype, query.device)
     return check_dropout(dropout_p, "dropout_p")
