@@ -35,7 +35,9 @@
 # - run cross-attention, where `Lq` differs from `Lk`, and mask the padding of the source;
 # - recognise a **fully masked row**, explain why it turns a whole network's outputs and
 #   gradients into NaN, and how `mha_lib` prevents it;
-# - choose between `-inf` and `-1e9` for masking, and say what each does in float16.
+# - choose between `-inf` and `-1e9` for masking, and say what each does in float16;
+# - give each head a learned **sink** logit (gpt-oss) and a **QK-norm** (Gemma 3, Qwen 3), and
+#   say what each does to the weights and the scores.
 #
 # *Sources.* *Transformers in Action* (Manning), section 2.2, places multi-head attention in
 # an encoder layer that can be given an attention mask, and its listing 2.4 masks with
@@ -43,7 +45,12 @@
 # quotation in section 3 comes from Priyesh Dave's post "Day 28: Multi-Head Attention" (DEV
 # Community): "when generating a word in French, the model can focus on the related English
 # word in the input". Cross-attention between an encoder and a decoder is from Vaswani et
-# al., "Attention Is All You Need" (2017), section 3.2.3.
+# al., "Attention Is All You Need" (2017), section 3.2.3. Section 6's sinks: Xiao et al.,
+# "Efficient Streaming Language Models with Attention Sinks" (2023), OpenAI's gpt-oss model card
+# (2025) and Evan Miller's "Attention Is Off By One" (2023); section 7's QK-norm: Dehghani et
+# al., "Scaling Vision Transformers to 22 Billion Parameters" (2023), and Wortsman et al.,
+# "Small-scale proxies for large-scale Transformer training instabilities" (2023), on logits
+# that grow in training.
 
 # %% [markdown]
 # ## Set-up
@@ -594,6 +601,104 @@ print("-20 + finfo(float16).min =", (torch.tensor(-20.0, dtype=torch.float16) + 
 # compares the two.
 
 # %% [markdown]
+# ## 6. A sink: somewhere for the weight to go
+#
+# Softmax hands out a weight of exactly 1 on every row, even when no key is worth reading. A
+# fully masked row is the extreme case; a head with nothing useful to read is the common one.
+# Trained models find their own outlet: they park weight on the first tokens, the
+# **attention sinks** that StreamingLLM (Xiao et al., 2023) keeps in its sliding window
+# (chapter 11). gpt-oss (OpenAI, 2025) builds the outlet in: each head learns one more
+# logit, the **sink**, that joins every row's softmax but belongs to no key, so the weights
+# may sum to less than 1. That is exactly one extra key whose score is the sink and whose
+# value is zero (Miller's "softmax plus one" is a sink fixed at 0).
+# `scaled_dot_product_attention(..., sinks=...)` takes one logit per row (here `(H, 1, 1)`,
+# one per head), and `MultiHeadAttention(d_model, H, sinks=True)` learns them (`mha.sinks`, `(H,)`).
+# Below, head 0 has a sink of 0 and head 1 one of 2; query 0 may see no key, query 1 all four.
+
+# %%
+q = torch.randn(1, 2, 2, 8).to(device)  # (B, H, Lq, d_k) with Lq = 2
+k, v = (torch.randn(1, 2, 4, 8).to(device) for _ in range(2))  # (B, H, Lk, d_k) with Lk = 4
+keys_seen = torch.tensor([[False] * 4, [True] * 4], device=device)  # (Lq, Lk): query 0 sees nothing
+sinks = torch.tensor([0.0, 2.0], device=device)[:, None, None]  # (H, 1, 1): one logit per head
+plain_out, plain_w = mha_lib.scaled_dot_product_attention(q, k, v, keys_seen)
+sink_out, sink_w = mha_lib.scaled_dot_product_attention(q, k, v, keys_seen, sinks=sinks)
+print("weights' sum per (head, query), no sink:  ", plain_w.sum(-1)[0].cpu())
+print("weights' sum per (head, query), with sink:", sink_w.sum(-1)[0].cpu())
+print("query 0 (sees nothing), with a sink: output all zero:", bool((sink_out[0, :, 0] == 0).all()))
+
+# the same as one more key: score = the sink (a zero key, the sink in the float mask), value = zero
+zero = torch.zeros(1, 2, 1, 8, device=device)
+extra = torch.zeros(2, 4, device=device).masked_fill(~keys_seen, float("-inf"))  # (Lq, Lk) as a float mask
+extra = torch.cat([extra.expand(2, 2, 4), sinks.expand(2, 2, 1)], dim=-1)  # (H, Lq, Lk + 1)
+appended_out, _ = mha_lib.scaled_dot_product_attention(q, torch.cat([k, zero], -2), torch.cat([v, zero], -2), extra)
+assert torch.allclose(sink_out, appended_out, atol=1e-6)
+assert torch.allclose(plain_w.sum(-1)[0, :, 1], torch.ones(2, device=device))
+assert (sink_w.sum(-1)[0, :, 1] < 1).all() and (sink_out[0, :, 0] == 0).all()
+print("sink == one more key with score = sink and a zero value (within 1e-6):", True)
+
+# %% [markdown]
+# Without a sink, query 1's weights sum to 1 in both heads and query 0 gets the course's
+# guard (zero weights, zero output). With a sink, the sink takes `e^s / (e^s + Σ e^score)` of
+# every row, more in head 1 (`s = 2`) than in head 0, and a row with no key at all gives it
+# everything: a zero output that needs no guard. As a parameter the sink is learned with the
+# rest; the (H,) logits get gradients like any weight.
+
+# %%
+sink_mha = MultiHeadAttention(d_model, num_heads, sinks=True).to(device).eval()
+print(sink_mha)
+print("sinks:", tuple(sink_mha.sinks.shape), "starting at", sink_mha.sinks.detach().cpu())
+
+# %% [markdown]
+# ## 7. Keeping the scores in range: QK-norm
+#
+# Section 5 met scores too large for float16. Scores grow with the queries and keys: scale a
+# token's vector by `c` and its scores grow by `c²`, the softmax turns one-hot, and in training
+# such logit growth is a known cause of loss spikes (Dehghani et al.; Wortsman et al.). **QK-norm**
+# normalises each head's query and key to a fixed length before the dot product (per head in
+# Gemma 3 and Qwen 3; OLMo-2 normalises the whole projection before splitting it), here with an
+# RMSNorm whose learned gain `g` is shared by the heads: `|q| = |k| = √d_k` for `g = 1`, so no score
+# can exceed `|q| |k| / √d_k = √d_k`, however large the inputs. `MultiHeadAttention(...,
+# qk_norm=True)` adds `q_norm` and `k_norm` (RMSNorm over `d_k`) after splitting the heads (and
+# before RoPE, chapter 06). The largest score, and how much weight each row's largest weight
+# takes, as the inputs grow:
+
+# %%
+plain_mha = MultiHeadAttention(d_model, num_heads).to(device).eval()
+normed_mha = MultiHeadAttention(d_model, num_heads, qk_norm=True).to(device).eval()
+normed_mha.load_state_dict(plain_mha.state_dict(), strict=False)  # the same W_q, W_k, W_v, W_o; gains of 1
+d_k = d_model // num_heads
+x_scale = torch.randn(2, 6, d_model).to(device)  # (B, L, d_model)
+
+
+def largest_score(module, x):
+    """The largest |q·k| / √d_k over every head, query and key: (B, H, L, d_k) heads, after QK-norm if any."""
+    with torch.no_grad():
+        q, k, _ = module.project(x, x, x)
+        if module.qk_norm:
+            q, k = module.q_norm(q), module.k_norm(k)
+        return (q @ k.transpose(-2, -1) / math.sqrt(d_k)).abs().max().item()
+
+
+print(f"bound with QK-norm: √d_k = {math.sqrt(d_k):.2f}")
+for scale in (1, 10, 100):
+    x_big = scale * x_scale
+    row = []
+    for module in (plain_mha, normed_mha):
+        with torch.no_grad():
+            _, w = module(x_big, x_big, x_big, return_weights=True)
+        row.append((largest_score(module, x_big), w.max(-1).values.mean().item()))
+    (plain_s, plain_top), (norm_s, norm_top) = row
+    print(f"inputs x {scale:3d}: largest score {plain_s:9.1f} plain, {norm_s:4.2f} QK-norm;"
+          f"  mean top weight {plain_top:.2f} plain, {norm_top:.2f} QK-norm")
+    assert norm_s <= math.sqrt(d_k) + 1e-4
+assert largest_score(plain_mha, 100 * x_scale) > 1000 * largest_score(plain_mha, x_scale)
+
+# %% [markdown]
+# Without the norm, inputs 100 times larger make scores about 10⁴ times larger and every row
+# close to one-hot; with it, the scores stay below √d_k and the weights barely move: the model
+# sets the sharpness through the learned gains instead, and not by accident.
+
+# %% [markdown]
 # ## Recap
 #
 # - A **padding mask** `padding_mask(lengths)` has shape `(B, 1, 1, Lk)` and broadcasts over
@@ -610,12 +715,20 @@ print("-20 + finfo(float16).min =", (torch.tensor(-20.0, dtype=torch.float16) + 
 #   over the weights. `mha_lib` gives such a row zero weights and a zero output.
 # - **`-1e9` instead of `-inf`** gives the same result on ordinary rows in float32, but
 #   silently averages the blocked keys on a fully masked row, and does not fit in float16.
+# - A learned **sink** (`sinks=...`, `MultiHeadAttention(sinks=True)`, as in gpt-oss) is one
+#   more logit per head in every row's softmax, for no key: the same as one more key with a zero
+#   value. The weights may then sum to less than 1, and a row with no key gives the sink all.
+# - **QK-norm** (`qk_norm=True`) normalises each head's queries and keys, so that no score
+#   exceeds `g² √d_k` however large the inputs grow.
 #
 # ## Exercises
 #
 # Practise what this chapter built in `exercises/04_masks_and_cross_attention.ipynb`; each
 # exercise checks itself and tells you what is wrong. See the README for how to start your own
 # copy.
+# Exercises 4.1 to 4.3 combine masks, guard fully masked rows and use cross-attention;
+# exercise 4.4 builds the mask of a left-padded batch (section 4) and decides what a padding
+# query should see, so that no row is left empty.
 #
 # ## What comes next
 #
