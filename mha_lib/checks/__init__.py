@@ -21,7 +21,8 @@ module per topic, in the order of the chapters: ``attention`` and ``masks`` (01,
 ``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder``, ``ablated_logits``,
 ``logit_terms`` and ``recount`` (07; their models in ``_sentiment``), ``repeated_segments``,
 ``head_scores``, ``ablation_losses``, ``head_parts`` and ``copying`` (08; the last two share
-``_circuits``), ``efficient`` (09), ``inference``, ``kv_cache`` and ``latent`` (10), ``restrict`` (11).
+``_circuits``), ``language_model`` (09), ``efficient`` (10), ``inference``, ``kv_cache`` and
+``latent`` (11), ``restrict`` (12).
 """
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
@@ -43,6 +44,7 @@ from .head_scores import check_induction_score, check_previous_token_score
 from .ablation_losses import check_ablation_losses
 from .head_parts import check_head_parts
 from .copying import check_copying_score, check_ov_circuit
+from .language_model import check_class_ablation, check_role_baseline, check_role_score
 from .efficient import check_blockwise_attention, check_fused_projection
 from .inference import check_repeat_kv, check_sliding_window_mask
 from .kv_cache import check_cached_attention
@@ -71,6 +73,7 @@ __all__ = [
     "check_blockwise_attention",
     "check_causal_mask",
     "check_causal_padding_mask",
+    "check_class_ablation",
     "check_combine_heads",
     "check_copy_to_torch",
     "check_copying_score",
@@ -91,6 +94,8 @@ __all__ = [
     "check_previous_token_score",
     "check_repeated_segment_batch",
     "check_restricted_attention",
+    "check_role_baseline",
+    "check_role_score",
     "check_scaled_dot_product_attention",
     "check_self_attention",
     "check_split_heads",
