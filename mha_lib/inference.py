@@ -64,23 +64,56 @@ class KVCache:
         values: ``(B, H_kv, T, d_k)``, or None while empty.
 
     ``len(cache)`` is ``T``, the number of positions stored; ``cache.nbytes`` the memory they take,
-    ``2 · B · H_kv · T · d_k · bytes per element``. Each :meth:`update` copies the cache into a new
-    tensor one step longer (``torch.cat``): simple, and cheap next to recomputing every key.
-    Production servers preallocate the full length instead.
+    ``2 · B · H_kv · T · d_k · bytes per element``. Appending takes constant time: the cache keeps
+    two buffers of ``capacity >= T`` positions and writes each new key and value in place;
+    ``keys`` and ``values`` are views of their first ``T`` positions. When a buffer is full, it is
+    replaced by one twice as large (or of ``capacity`` positions, if given, until that is full),
+    so that ``T`` appends copy fewer than ``2 · T`` positions in all, where appending by
+    ``torch.cat`` copies the whole cache at every step (``T² / 2`` positions). While autograd
+    records (inputs that require grad, e.g. in training), it appends by concatenation instead,
+    since writing in place would change tensors saved for the backward pass. Assigning
+    ``cache.keys`` and ``cache.values`` (e.g. to trim a rolling window) replaces the buffers.
     """
 
-    def __init__(self) -> None:
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
+    def __init__(self, capacity: int | None = None) -> None:
+        self._capacity = None if capacity is None else check_positive_int(capacity, "capacity")
+        self._keys: Tensor | None = None  # (B, H_kv, capacity, d_k), the first T positions in use
+        self._values: Tensor | None = None
+        self._length = 0
         self._owner: weakref.ref | None = None  # the layer that filled it
 
+    @property
+    def keys(self) -> Tensor | None:
+        return None if self._keys is None else self._keys[..., : self._length, :]
+
+    @keys.setter
+    def keys(self, keys: Tensor | None) -> None:
+        self._keys = keys
+        self._length = 0 if keys is None else keys.size(-2)
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._values is None else self._values[..., : self._length, :]
+
+    @values.setter
+    def values(self, values: Tensor | None) -> None:
+        self._values = values
+        if values is not None and self._keys is None:
+            self._length = values.size(-2)
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers can hold before they grow (``len(cache)`` of them are in use)."""
+        return 0 if self._keys is None else self._keys.size(-2)
+
     def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.size(-2)
+        return self._length
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the keys and values."""
-        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
+        """Bytes held by the keys and values (the ``T`` positions in use, not the spare capacity)."""
+        keys, values = self.keys, self.values
+        return 0 if keys is None or values is None else keys.nbytes + values.nbytes
 
     def update(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new ``(B, H_kv, n, d_k)`` keys and values; return all ``(B, H_kv, T + n, d_k)``."""
@@ -89,24 +122,46 @@ class KVCache:
 
     def _append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`update` for keys and values of one shape ``(B, H_kv, n, d_k)``, e.g. made by a layer."""
-        held = self.keys
-        if held is None or self.values is None:
-            self.keys, self.values = keys, values
-            return keys, values
-        (B, H_kv, _, d_k), shape = held.shape, keys.shape
-        if (B, H_kv, d_k) != (shape[0], shape[1], shape[3]) or held.dtype != keys.dtype or held.device != keys.device:
-            had, new = (B, H_kv, d_k, held.dtype, held.device), (shape[0], shape[1], shape[3], keys.dtype, keys.device)
-            raise ValueError(
-                f"this KVCache holds (B, H_kv, d_k, dtype, device) = {had}, the new keys are {new}: "
-                "use one cache per layer and per batch, and reset() it before a new sequence"
-            )
-        self.keys = torch.cat([held, keys], dim=-2)  # (B, H_kv, T + n, d_k)
-        self.values = torch.cat([self.values, values], dim=-2)  # (B, H_kv, T + n, d_k)
+        held, T, n = self._keys, self._length, keys.size(-2)
+        if held is None or self._values is None:
+            held = None
+        else:
+            (B, H_kv, _, d_k), shape = held.shape, keys.shape
+            if (B, H_kv, d_k) != (shape[0], shape[1], shape[3]) or held.dtype != keys.dtype or held.device != keys.device:
+                had, new = (B, H_kv, d_k, held.dtype, held.device), (shape[0], shape[1], shape[3], keys.dtype, keys.device)
+                raise ValueError(
+                    f"this KVCache holds (B, H_kv, d_k, dtype, device) = {had}, the new keys are {new}: "
+                    "use one cache per layer and per batch, and reset() it before a new sequence"
+                )
+            if self._values.size(-2) < T:
+                raise ValueError(f"this KVCache's values hold {self._values.size(-2)} positions, its keys {T}: "
+                                 "assign cache.keys and cache.values together")
+        if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad or
+                                        (held is not None and (held.requires_grad or self._values.requires_grad))):
+            if held is None:  # autograd records: concatenate, never write into a tensor it may have saved
+                self._keys, self._values = keys, values
+            else:
+                self._keys = torch.cat([self.keys, keys], dim=-2)  # (B, H_kv, T + n, d_k)
+                self._values = torch.cat([self.values, values], dim=-2)
+            self._length = T + n
+            return self._keys, self._values
+        if held is None or T + n > held.size(-2):  # (re)allocate: double, or the capacity asked for
+            capacity = max(T + n, 2 * T, self._capacity or 0)
+            grown = [torch.empty(*keys.shape[:2], capacity, keys.shape[3], dtype=keys.dtype, device=keys.device)
+                     for _ in range(2)]
+            if held is not None:
+                grown[0][..., :T, :].copy_(self.keys)  # the one copy, amortised over the T appends before it
+                grown[1][..., :T, :].copy_(self.values)
+            self._keys, self._values = grown
+        self._keys[..., T : T + n, :].copy_(keys)  # in place: the cost of n positions, whatever T is
+        self._values[..., T : T + n, :].copy_(values)
+        self._length = T + n
         return self.keys, self.values
 
     def reset(self) -> None:
-        """Forget everything, to decode a new sequence (with any layer)."""
-        self.keys = self.values = None
+        """Forget everything, to decode a new sequence (with any layer); the buffers are freed."""
+        self._keys = self._values = None
+        self._length = 0
         self._owner = None
 
     def claim(self, layer: object) -> None:

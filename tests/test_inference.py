@@ -188,3 +188,65 @@ def test_misuse_is_refused_clearly():
     with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) does not broadcast.*\(2, 4, 3, 6\)"):
         module(x, x, x, causal_mask(3), cache=cache)  # the mask must cover the cached keys too
     assert len(cache) == 3
+
+
+def test_appending_writes_in_place_and_grows_by_doubling():
+    """Constant-time appends, shown without a clock (which load can break): one token at a time to
+    4,096 positions (B 1, 8 heads, d_k 64), the buffers are replaced only when full, each time by
+    one twice as large, so the positions copied from old buffers add up to fewer than T, where
+    appending by torch.cat copies the whole cache every step (T² / 2 positions). Between two
+    reallocations the keys stay in one block of memory, written in place."""
+    cache, T = KVCache(), 4096
+    k1, v1 = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 1, 64)
+    buffers, copied = [], 0
+    with torch.no_grad():
+        for t in range(T):
+            keys, values = cache.update(k1 + t, v1 - t)
+            pointer = keys.untyped_storage().data_ptr()
+            if not buffers or buffers[-1][0] != pointer:
+                copied += t  # a new buffer: the t positions held so far were copied into it
+                buffers.append((pointer, cache.capacity))
+    capacities = [capacity for _, capacity in buffers]
+    assert capacities == [2**i for i in range(13)], capacities  # 1, 2, 4, ..., 4096
+    assert copied < T < T * (T - 1) // 2 / 1000
+    assert len(cache) == T and cache.nbytes == 2 * 8 * T * 64 * 4
+    torch.testing.assert_close(cache.keys[0, :, :, 0], (k1[0, :, 0, :1] + torch.arange(T)).expand(8, T))
+    torch.testing.assert_close(cache.values[0, 3, -1], v1[0, 3, 0] - (T - 1))
+
+
+def test_a_capacity_is_allocated_once_and_then_doubled():
+    cache = KVCache(capacity=16)
+    with torch.no_grad():
+        cache.update(torch.zeros(2, 2, 3, 4), torch.zeros(2, 2, 3, 4))
+        pointer = cache.keys.untyped_storage().data_ptr()
+        assert cache.capacity == 16 and len(cache) == 3
+        for _ in range(13):
+            cache.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))
+        assert cache.keys.untyped_storage().data_ptr() == pointer and cache.capacity == 16
+        cache.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))  # the 17th position
+    assert cache.capacity == 32 and len(cache) == 17 and cache.keys.sum() == 2 * 2 * 14 * 4
+    with pytest.raises(ValueError, match="capacity must be"):
+        KVCache(capacity=0)
+
+
+def test_assigned_keys_are_never_written_into():
+    """Trimming a rolling window assigns views of the cache; the next append copies, never writes into them."""
+    cache = KVCache()
+    keys, values = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
+    cache.keys, cache.values = keys, values
+    assert len(cache) == 4 and cache.capacity == 4
+    with torch.no_grad():
+        cache.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
+    assert keys.sum() == 0 and values.sum() == 0 and len(cache) == 5 and cache.keys[..., 4, :].sum() == 16
+
+
+def test_decoding_with_gradients_concatenates_so_that_backward_works():
+    """With autograd recording, writing in place would change tensors saved for the backward pass."""
+    module = make("efficient", 2, True)
+    x = torch.randn(1, L, D)
+    cache = KVCache()
+    out = decode(module, x, [1] * L, cache)  # 5 of the 10 appends go into spare capacity
+    out.sum().backward()  # would raise "modified by an inplace operation" after in-place appends
+    full = make("efficient", 2, True)
+    full(x, x, x, causal_mask(L)).sum().backward()
+    torch.testing.assert_close(module.W_qkv.weight.grad, full.W_qkv.weight.grad)
