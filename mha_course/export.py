@@ -147,7 +147,7 @@ def _otter(nb: Any, exercises: list[Exercise], points: dict[str, float], seed: i
     import nbformat
 
     owners, tests = _plan(nb, exercises)
-    config = (f"# ASSIGNMENT CONFIG\nname: {name}\nrequirements: null\nrun_tests: false\ninit_cell: false\n"
+    config = (f"# ASSIGNMENT CONFIG\nname: {name}\nrequirements: null\nrun_tests: false\ninit_cell: true\n"
               "check_all_cell: false\nexport_cell: false\nsolutions_pdf: false\ntemplate_pdf: false\n"
               "show_question_points: true\ntests:\n  files: false\n  ok_format: true")
     cells = [_raw(config)]
