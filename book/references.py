@@ -57,6 +57,11 @@ PAPERS: list[dict[str, str]] = [
     {"key": "singh2024", "authors": "A. K. Singh et al.", "year": "2024",
      "title": "What needs to go right for an induction head? A mechanistic study of in-context learning circuits "
               "and their formation", "venue": "ICML 2024", "arxiv": "2404.07129"},
+    {"key": "sennrich2016", "authors": "R. Sennrich, B. Haddow and A. Birch", "year": "2016",
+     "title": "Neural Machine Translation of Rare Words with Subword Units", "venue": "ACL 2016",
+     "arxiv": "1508.07909"},
+    {"key": "aoyama2025", "authors": "T. Aoyama, E. G. Wilcox and N. Schneider", "year": "2025",
+     "title": "Predicting the Emergence of Induction Heads in Language Model Pretraining", "arxiv": "2511.16893"},
     {"key": "dao2022", "authors": "T. Dao et al.", "year": "2022",
      "title": "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
      "venue": "NeurIPS 2022", "arxiv": "2205.14135"},

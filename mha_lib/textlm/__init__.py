@@ -7,9 +7,13 @@
   :class:`~mha_lib.MultiHeadAttention` (and an MLP, optionally).
 - :mod:`~mha_lib.textlm.train`: AdamW on random windows, with a progress bar.
 - :mod:`~mha_lib.textlm.scores`: each head's score for a role, next to uniform attention's.
+- :mod:`~mha_lib.textlm.ablation`: mean-ablating a head, and the loss it costs per class of token.
 - :mod:`~mha_lib.textlm.checkpoint`: the shipped model, and saving your own.
+- :mod:`~mha_lib.textlm.study` and :mod:`~mha_lib.textlm.findings`: the seed study the chapter
+  quotes, and its findings counted over the runs.
 
-``python -m mha_lib.textlm train`` trains one (``--help`` for the options).
+``python -m mha_lib.textlm train`` trains one, ``... sample`` continues a prompt, ``... study``
+re-runs the study (``--help`` for the options).
 """
 
 from .checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint

@@ -1,17 +1,23 @@
 """``python -m mha_lib.textlm train``: train chapter 09's language model on the CPU, with a progress bar.
 
 ``python -m mha_lib.textlm sample``: continue a prompt with the shipped model (or ``--model FILE``).
+``python -m mha_lib.textlm study``: train it from several seeds and measure every run's heads
+(the study chapter 09 quotes; ``make study`` rewrites the shipped one).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
 
 from ..bench.cli import positive_int
+from ..device import seed_everything
+from ..studies import add_study_arguments
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import MODEL, TRAIN
 from .corpus import load_corpus
@@ -22,12 +28,14 @@ from .train import TrainConfig, train_lm
 def _train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    from .study import VAL_WINDOWS
+
     corpus = load_corpus()
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)  # the initialisation; the data order is seed 1000 + seed, as in the study
     config = ModelConfig(vocab_size=len(corpus.tokenizer), **{**MODEL, "mlp": not args.no_mlp})
     model = TextTransformer(config).to(args.device)
-    train = TrainConfig(**{**TRAIN, "steps": args.steps, "seed": args.seed})
-    inputs, targets = corpus.val_windows(64, config.max_len)
+    train = TrainConfig(**{**TRAIN, "steps": args.steps, "seed": 1000 + args.seed})
+    inputs, targets = corpus.val_windows(VAL_WINDOWS, config.max_len)
     print(f"training {sum(p.numel() for p in model.parameters()):,} weights for {train.steps} steps "
           f"on {corpus.train.numel():,} tokens ({args.device}, {torch.get_num_threads()} threads)", file=sys.stderr)
     history = train_lm(model, corpus.train, inputs, targets, train)
@@ -41,6 +49,20 @@ def _sample(args: argparse.Namespace) -> int:
     ids = torch.tensor([tokenizer.encode(args.prompt)])
     out = model.generate(ids, args.tokens, temperature=args.temperature, generator=torch.Generator().manual_seed(args.seed))
     print(tokenizer.decode(out[0]))
+    return 0
+
+
+def _study(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .study import run_study, save_study
+
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    seeds = args.seeds if args.seeds is not None else list(range(5))
+    started = time.perf_counter()
+    runs = run_study(seeds, workers=args.workers, device=args.device, checkpoint=args.checkpoint)
+    seconds = round(time.perf_counter() - started, 1)
+    path = save_study(runs, args.output, command="python -m mha_lib.textlm " + shlex.join(argv), seconds=seconds)
+    print(f"{len(runs)} runs in {seconds:.0f} s; wrote {path}")
     return 0
 
 
@@ -60,7 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sample.add_argument("--temperature", type=float, default=0.8)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--model", default=None, help="a checkpoint (default: the shipped one)")
+    study = sub.add_parser("study", help="train from several seeds (default 0-4) and measure every run's heads")
+    add_study_arguments(study, output="textlm_study.json")
+    study.add_argument("--checkpoint", default=None,
+                       help="also save the first seed's model there (make study: the shipped model)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if args.command == "study":
+        return _study(args, argv)
     return _train(args) if args.command == "train" else _sample(args)
 
 

@@ -116,10 +116,12 @@ def roles(scores: dict) -> dict[str, list[tuple[int, int]]]:
 
 
 def describe_heads(scores: dict, labels: Sequence[str] = ROLES) -> str:
-    """A table: one row per head, its score for every role, the uniform baseline underneath."""
+    """A table: one row per head (``L1.h0``: layer 1, head 0), its score for every role; then
+    the uniform baseline (``unif.``) and the threshold a head has the role from (``bar``)."""
     lines = ["head  " + "".join(f"{r:>10}" for r in labels)]
     for l, row in enumerate(scores[labels[0]]):
         for h in range(len(row)):
-            lines.append(f"{l}.{h}   " + "".join(f"{scores[r][l][h]:10.2f}" for r in labels))
+            lines.append(f"L{l + 1}.h{h} " + "".join(f"{scores[r][l][h]:10.2f}" for r in labels))
     lines.append("unif. " + "".join(f"{scores['uniform'][r]:10.2f}" for r in labels))
+    lines.append("bar   " + "".join(f"{role_threshold(scores['uniform'][r]):10.2f}" for r in labels))
     return "\n".join(lines)

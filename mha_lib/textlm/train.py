@@ -3,7 +3,8 @@
 Every step draws ``batch_size`` windows of ``max_len + 1`` tokens from the training ids at
 random starts (a CPU generator seeded with the run's seed: each run its own data order, the
 same on every device), and minimises the mean next-token cross-entropy. The learning rate
-rises linearly over ``warmup`` steps, then stays; gradients are clipped to norm 1.
+rises linearly over ``warmup`` steps, then decays along a cosine to ``final_lr`` of its peak
+(:func:`learning_rate`); gradients are clipped to norm 1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import Tensor
 from ..validation import check_positive_int
 from .model import TextTransformer
 
-__all__ = ["TrainConfig", "batches", "evaluate_loss", "train_lm"]
+__all__ = ["TrainConfig", "batches", "learning_rate", "evaluate_loss", "train_lm"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,22 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 3e-3
     warmup: int = 200
+    final_lr: float = 0.1  # the learning rate at the last step, as a share of lr (cosine decay)
     weight_decay: float = 0.01
     eval_every: int = 100
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """The learning rate at ``step``: a linear warm-up over ``config.warmup`` steps, then a cosine
+    decay to ``config.final_lr`` of ``config.lr`` at the last step."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    done = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (config.final_lr + (1 - config.final_lr) * 0.5 * (1 + math.cos(math.pi * done)))
 
 
 def batches(ids: Tensor, batch_size: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -125,7 +136,7 @@ def train_lm(
             record(step)
             running, seen = 0.0, 0
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * min(1.0, (step + 1) / config.warmup)
+            group["lr"] = learning_rate(config, step)
         inputs, targets = batches(train_ids, config.batch_size, model.config.max_len, generator)
         logits = model(inputs.to(device))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.to(device).reshape(-1))

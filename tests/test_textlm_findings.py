@@ -1,0 +1,72 @@
+"""Chapter 09's study: the shipped file holds what the chapter says, recounted from its runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mha_lib.textlm import load_checkpoint, load_corpus
+from mha_lib.textlm.config import MODEL, TRAIN
+from mha_lib.textlm.findings import STATED, count_findings, most_needed, strongest, unigram_loss
+from mha_lib.textlm.study import Probes, load_study, probe
+
+
+@pytest.fixture(scope="module")
+def study():
+    return load_study()
+
+
+@pytest.fixture(scope="module")
+def unigram() -> float:
+    corpus = load_corpus()
+    return unigram_loss(corpus.train, Probes(corpus, MODEL["max_len"]).targets, len(corpus.tokenizer))
+
+
+def test_the_study_has_at_least_5_independent_runs_of_the_shipped_configuration(study) -> None:
+    runs = study.runs
+    assert len(runs) >= 5
+    assert len({r["seed"] for r in runs}) == len(runs) and len({r["data_seed"] for r in runs}) == len(runs)
+    for r in runs:
+        assert r["model"] == MODEL
+        assert {k: v for k, v in r["train"].items() if k != "seed"} == {k: v for k, v in TRAIN.items() if k != "seed"}
+        assert r["steps"][-1] == TRAIN["steps"] and len(r["probes"]) == len(r["steps"]) == len(r["val_loss"])
+
+
+def test_the_findings_recount_to_what_the_chapter_states(study, unigram) -> None:
+    counts = count_findings(study, unigram)
+    for finding, stated in STATED.items():
+        assert counts[finding] == stated, finding
+
+
+def test_a_finding_can_be_false(study, unigram) -> None:
+    # Change one run so that a stated finding no longer holds: the count moves.
+    run = study.runs[1]
+    saved = run["val_loss"][-1]
+    try:
+        run["val_loss"][-1] = unigram + 1
+        assert count_findings(study, unigram)["held-out loss below the unigram model's"][0] == len(study.runs) - 1
+    finally:
+        run["val_loss"][-1] = saved
+
+
+def test_the_shipped_model_is_the_study_s_seed_0(study) -> None:
+    model, tok, info = load_checkpoint()
+    run = next(r for r in study.runs if r["seed"] == 0)
+    assert info["history"]["val_loss"] == run["val_loss"]
+    corpus = load_corpus()
+    again = probe(model, Probes(corpus, MODEL["max_len"]))
+    # the scores recomputed here equal the recorded ones up to the last digits of a CPU kernel
+    for role, rows in again["scores"].items():
+        if role != "uniform":
+            torch.testing.assert_close(torch.tensor(rows), torch.tensor(run["probes"][-1]["scores"][role]),
+                                       atol=2e-3, rtol=0)
+    assert math.isclose(again["icl"], run["probes"][-1]["icl"], abs_tol=2e-3)
+
+
+def test_strongest_and_most_needed_pick_the_maximum() -> None:
+    scores = {"previous": [[0.1, 0.5], [0.7, 0.2]]}
+    assert strongest(scores, "previous") == (1, 0)
+    run = {"ablation": {"classes": ["a", "b"], "increase": [[[0.1, 0.0], [0.3, 0.2]], [[0.2, 0.9], [0.0, 0.1]]]}}
+    assert most_needed(run, "a") == (0, 1) and most_needed(run, "b") == (1, 0)
