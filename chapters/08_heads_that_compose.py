@@ -862,6 +862,7 @@ assert one_other[0] > base["no_copy_loss"] > one_final[1]  # in-context tokens l
 #
 # ## What comes next
 #
-# Every attention map in chapters 07 and 08 was an `L × L` matrix. For long sequences that matrix
-# is the bottleneck: **chapter 10** builds `mha_lib.EfficientMultiHeadAttention` with fused
-# projections and PyTorch's fast attention kernels, and explains flash attention.
+# Chapters 07 and 08 trained toys, each built so that one mechanism would solve it. **Chapter
+# 09** trains a small language model of real text, Python's own test suite, on your CPU in a few
+# minutes, and asks which of this chapter's findings carry over: does it grow previous-token and
+# induction heads, does it copy, and which heads does it need for which tokens?
