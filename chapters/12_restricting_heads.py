@@ -421,15 +421,19 @@ plt.show()
 #   batched call: the parameter count of one wide head, split into several views.
 # - **Chapter 04:** padding and causal masks, cross-attention, and rows with nothing to attend to.
 # - **Chapter 05:** a module is proven against PyTorch's own, to the tolerance its dtype allows.
-# - **Chapter 06:** positions enter attention from outside: added to the embeddings, or as a
-#   rotation of each head's queries and keys (RoPE) that makes scores depend on the offset.
+# - **Chapter 06:** positions enter attention from outside: added to the embeddings, as a
+#   rotation of each head's queries and keys (RoPE) that makes scores depend on the offset, or
+#   as a bias on the scores that depends on the offset only (ALiBi's fixed slopes per head,
+#   T5's learned buckets).
 # - **Chapter 07:** heads of a trained model specialize, ablation measures what each one is for,
 #   and only a study over many independent runs says which findings are robust.
 # - **Chapter 08:** heads compose across layers: a second-layer induction head finds the earlier
 #   copy of a token through what a first-layer head wrote, which no single layer can do.
-# - **Chapter 10:** the same maths, fused, without ever storing the `L × L` weights.
+# - **Chapter 10:** the same maths, fused, without ever storing the `L × L` weights: tiles and
+#   an online softmax.
 # - **Chapter 11:** at inference a model caches each layer's keys and values; fewer key/value
-#   heads (MQA, GQA) and sliding windows keep that cache small.
+#   heads (MQA, GQA), sliding windows and multi-head latent attention (MLA, which caches one
+#   small latent per token and folds the up-projections away) keep that cache small.
 # - **Chapter 12:** a mask per head decides what each head may see: windows, global tokens and
 #   blocks make long inputs affordable, and the halves restriction shows what a head's view costs.
 #
