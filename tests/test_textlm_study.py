@@ -90,3 +90,17 @@ def test_icl_score_is_late_minus_early_loss() -> None:
     assert icl_score(torch.ones(64)) == 0.0
     with pytest.raises(ValueError, match="at least 8"):
         icl_score(torch.ones(4))
+
+
+def test_one_run_records_every_evaluation_and_saves_its_model(tmp_path) -> None:
+    from mha_lib.textlm import load_checkpoint
+    from mha_lib.textlm.study import run_seed
+
+    record = run_seed(3, model_config={"d_model": 16, "max_len": 16}, train_config={"steps": 4, "eval_every": 2},
+                      checkpoint=tmp_path / "m.pt")
+    assert record["seed"] == 3 and record["data_seed"] == 1003 and record["steps"] == [0, 2, 4]
+    assert len(record["probes"]) == 3 and set(record["probes"][0]) == {"scores", "icl", "first_copy", "second_copy"}
+    increase = torch.tensor(record["ablation"]["increase"])
+    assert increase.shape == (2, 4, len(CLASSES)) and sum(record["ablation"]["class_share"]) == pytest.approx(1, abs=1e-3)
+    _, _, info = load_checkpoint(tmp_path / "m.pt")
+    assert info["history"]["val_loss"] == record["val_loss"] and info["train"]["seed"] == 1003
