@@ -409,6 +409,10 @@ except ValueError as error:
 #
 # Practise what this chapter built in `exercises/01_dot_product_attention.ipynb`; each exercise
 # checks itself and tells you what is wrong. See the README for how to start your own copy.
+# Exercises 1.1 to 1.4 rebuild the scores, the two masks and the whole function; exercise 1.5
+# asks for what section 6 assumed: it measures the scale that gives the scores variance 1 when
+# the entries of the queries and keys don't have variance 1, and what √d_k does to the softmax
+# then.
 #
 # ## What comes next
 #

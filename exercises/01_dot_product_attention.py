@@ -16,7 +16,8 @@
 # %% [markdown]
 # # Exercises · Chapter 01 · Attention from one dot product
 #
-# Four exercises, from a warm-up to the whole of scaled dot-product attention.
+# Five exercises, from a warm-up to the whole of scaled dot-product attention, and then a scale
+# that you measure instead of assuming.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -34,6 +35,7 @@ from mha_lib.checks import (
     check_causal_mask,
     check_padding_mask,
     check_scaled_dot_product_attention,
+    check_unit_variance_scale,
 )
 
 # %% [markdown]
@@ -149,6 +151,51 @@ def scaled_dot_product_attention(query, key, value, mask=None):
 check_scaled_dot_product_attention(scaled_dot_product_attention)
 
 # %% [markdown]
+# ## Exercise 1.5 · A scale measured, not assumed
+#
+# Section 6 of the chapter divides by $\sqrt{d_k}$ because the dot product of two vectors whose
+# $d_k$ entries have variance 1 has variance $d_k$. Real queries and keys are not like that: some
+# features are much larger than others, and queries and keys may be large in the same features.
+#
+# Write `unit_variance_scale(query, key)` that returns the number $s$ for which the scores
+# `query @ key.transpose(-2, -1) / s` have **variance 1**, measured over every score (all leading
+# axes, queries and keys) of the inputs it is given.
+#
+# - `query` `(..., Lq, d_k)`, `key` `(..., Lk, d_k)`; return one number, a Python `float` (a 0-d
+#   tensor is accepted).
+# - The check hands over float64 and float32 inputs, some with leading axes, queries and keys of
+#   other sizes than 1, features of different sizes, and calls your function twice with inputs of
+#   the same shapes. It also calls it once with inputs on another device (a stand-in for a GPU):
+#   make no tensor of your own on the CPU.
+#
+# Then, in the cell after the check, **measure** what the choice changes: for queries and keys
+# whose 4 first features (of 32) are 8 times larger than the others, compare √d_k with your
+# scale: the variance of the scaled scores, and the average largest softmax weight of a query
+# over 16 keys. Which would you use, and what would it cost to compute it in a model?
+#
+# <details><summary>Hint 1</summary>
+#
+# Dividing a set of numbers by their standard deviation leaves them with variance 1.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `(query @ key.transpose(-2, -1)).std()` reduces over every axis; `.item()` makes it a float.
+# </details>
+
+# %%
+def unit_variance_scale(query, key):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_unit_variance_scale(unit_variance_scale)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/01_dot_product_attention.ipynb`, then go on to chapter 02.

@@ -22,7 +22,8 @@
 # > Try the exercise first; come here to compare.
 # <!-- END SOLUTION -->
 #
-# Four exercises, from a warm-up to the whole of scaled dot-product attention.
+# Five exercises, from a warm-up to the whole of scaled dot-product attention, and then a scale
+# that you measure instead of assuming.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -42,6 +43,7 @@ from mha_lib.checks import (
     check_causal_mask,
     check_padding_mask,
     check_scaled_dot_product_attention,
+    check_unit_variance_scale,
 )
 
 # %% [markdown]
@@ -185,6 +187,77 @@ check_scaled_dot_product_attention(scaled_dot_product_attention)
 # is a new tensor; in place on `query` or `mask` it would change the caller's data, which the
 # check detects.
 # <!-- END SOLUTION -->
+#
+# ## Exercise 1.5 · A scale measured, not assumed
+#
+# Section 6 of the chapter divides by $\sqrt{d_k}$ because the dot product of two vectors whose
+# $d_k$ entries have variance 1 has variance $d_k$. Real queries and keys are not like that: some
+# features are much larger than others, and queries and keys may be large in the same features.
+#
+# Write `unit_variance_scale(query, key)` that returns the number $s$ for which the scores
+# `query @ key.transpose(-2, -1) / s` have **variance 1**, measured over every score (all leading
+# axes, queries and keys) of the inputs it is given.
+#
+# - `query` `(..., Lq, d_k)`, `key` `(..., Lk, d_k)`; return one number, a Python `float` (a 0-d
+#   tensor is accepted).
+# - The check hands over float64 and float32 inputs, some with leading axes, queries and keys of
+#   other sizes than 1, features of different sizes, and calls your function twice with inputs of
+#   the same shapes. It also calls it once with inputs on another device (a stand-in for a GPU):
+#   make no tensor of your own on the CPU.
+#
+# Then, in the cell after the check, **measure** what the choice changes: for queries and keys
+# whose 4 first features (of 32) are 8 times larger than the others, compare √d_k with your
+# scale: the variance of the scaled scores, and the average largest softmax weight of a query
+# over 16 keys. Which would you use, and what would it cost to compute it in a model?
+#
+# <details><summary>Hint 1</summary>
+#
+# Dividing a set of numbers by their standard deviation leaves them with variance 1.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `(query @ key.transpose(-2, -1)).std()` reduces over every axis; `.item()` makes it a float.
+# </details>
+
+# %%
+def unit_variance_scale(query, key):
+    # BEGIN SOLUTION
+    raw = query @ key.transpose(-2, -1)  # (..., Lq, Lk), not scaled
+    return raw.std().item()
+    # END SOLUTION
+
+
+# %%
+check_unit_variance_scale(unit_variance_scale)
+
+# %%
+# BEGIN SOLUTION
+g = torch.Generator().manual_seed(0)
+loud = torch.tensor([4.0] * 4 + [0.5] * 28)  # 4 large features, 28 small ones, alike in queries and keys
+q = torch.randn(500, 32, generator=g) * loud  # (Lq, d_k)
+k = torch.randn(16, 32, generator=g) * loud  # (Lk, d_k)
+largest = {}
+for name, scale in [("√d_k", math.sqrt(32)), ("measured", unit_variance_scale(q, k))]:
+    scores = q @ k.T / scale  # (Lq, Lk)
+    largest[name] = torch.softmax(scores, dim=-1).max(dim=-1).values.mean().item()
+    print(f"{name:8s}  scale {scale:5.1f}   variance of the scores {scores.var():6.2f}   "
+          f"average largest weight {largest[name]:.2f}")
+assert largest["√d_k"] > 0.75 and largest["measured"] < 0.3  # what the discussion below says
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN ANSWER -->
+# **Discussion.** With √d_k, the scores of these queries and keys have a variance above 40, not
+# 1, and a query gives on average about 0.8 of its weight to one key out of 16: the softmax is
+# close to the saturation that section 6 warned about. The measured scale, more than six times
+# √d_k, brings the variance back to 1 and the largest weight to about 0.25. The spread of a
+# score is set by $\sum_i \mathrm{var}(q_i)\,\mathrm{var}(k_i)$, which grows most when queries and
+# keys are large *in the same features*; √d_k is that sum only when every entry has variance 1.
+# A model does not measure the scale on each batch: it would make each query's output depend on
+# the other queries of the batch, and differ between training and inference. It keeps √d_k, and
+# relies on training and on normalisation layers (such as LayerNorm) to keep the sizes of its
+# queries and keys in range.
+# <!-- END ANSWER -->
 #
 # <!-- EXERCISE ONLY
 # ## Done?

@@ -27,7 +27,12 @@ module per topic, in the order of the chapters: ``attention`` and ``masks`` (01,
 
 from ._result import CHECK_RAISE, CheckFailed, CheckResult
 from ._core import CHECK_SEED, hidden_cases
-from .attention import check_attention_scores, check_masked_attention, check_scaled_dot_product_attention
+from .attention import (
+    check_attention_scores,
+    check_masked_attention,
+    check_scaled_dot_product_attention,
+    check_unit_variance_scale,
+)
 from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
@@ -99,4 +104,5 @@ __all__ = [
     "check_scaled_dot_product_attention",
     "check_self_attention",
     "check_split_heads",
+    "check_unit_variance_scale",
 ]

@@ -37,7 +37,7 @@ from ._result import (
 __all__ = [
     "ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "CheckFailed", "CheckResult", "Mistake", "Verdict",
     "accepts", "call", "check_device_care", "check_unchanged", "cloned", "close", "describe_error", "describe_shapes", "diagnose",
-    "expect_tensor", "fail", "float32_close", "gen", "hidden_cases", "case_seed", "CHECK_SEED", "log_result", "on_meta", "randn", "run_check", "sqrt", "unpack_pair",
+    "expect_number", "expect_tensor", "fail", "float32_close", "gen", "hidden_cases", "case_seed", "CHECK_SEED", "log_result", "on_meta", "randn", "run_check", "sqrt", "unpack_pair",
     "where_differs", "PRECISION_HINT",
 ]
 
@@ -102,6 +102,29 @@ def expect_tensor(value: Any, what: str, shape: Sequence[int], *, dtype: str | t
                    "Build it with comparisons or torch.ones(..., dtype=torch.bool); a 0/1 float mask would "
                    "be added to the scores instead of blocking them.")
     return value
+
+
+def expect_number(value: Any, what: str) -> float:
+    """Return ``value`` as a Python float (a Python or NumPy real, or a 0-d / one-element tensor), or
+    fail saying what came back."""
+    import numbers
+
+    if value is None:
+        raise Verdict(NOT_IMPLEMENTED, f"not implemented yet ({what} is None)",
+                      "Does your function end with a return statement?")
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise fail(f"{what} is a tensor of shape {tuple(value.shape)}; expected one number",
+                       "Reduce over every axis (e.g. .std() with no dim), then .item() gives a Python float.")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise fail(f"{what} is a tensor of dtype {value.dtype}; expected a real number")
+        if value.device.type == "meta":
+            raise fail(f"{what} is on the meta device, which holds no number")
+        return float(value.detach().cpu().double())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise fail(f"{what} is {_describe(value) if isinstance(value, (tuple, list)) else repr(value)[:60]}"
+                   f" ({_article(type(value).__name__)}); expected one number, a float")
+    return float(value)
 
 
 def unpack_pair(value: Any, what: str, first: str, second: str) -> tuple[Any, Any]:

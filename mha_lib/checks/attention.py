@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from ._core import (
     describe_error,
     describe_shapes,
     diagnose,
+    expect_number,
     expect_tensor,
     fail,
     gen,
@@ -273,3 +275,93 @@ def check_attention_scores(fn: Callable[..., Any]) -> CheckResult:
         return f"correct on {len(cases)} cases"
 
     return run_check("attention scores", body)
+
+
+# ------------------------------------------------------------------ exercise 1.5: the scale, measured
+
+MEASURE_HINT = ("Measure it on these inputs: raw = query @ key.transpose(-2, -1) (no scale), then return "
+                "raw.std().item(), the spread of every score over all leading axes, queries and keys.")
+
+
+def _scale_cases() -> list[dict[str, Any]]:
+    g = gen(21)
+    big_small = torch.tensor([4.0] * 4 + [0.5] * 28, dtype=torch.float64)  # 4 loud features, 28 quiet ones
+    unit = dict(q=randn(g, 40, 16), k=randn(g, 50, 16), label="unit-variance entries, d_k = 16")
+    cases = [
+        dict(q=randn(g, 2, 30, 64, scale=3.0), k=randn(g, 2, 40, 64, scale=0.5),
+             label="queries of std 3, keys of std 0.5, d_k = 64"),
+        dict(q=randn(g, 2, 30, 64, scale=0.5), k=randn(g, 2, 40, 64, scale=2.0),
+             label="the same shapes, queries of std 0.5, keys of std 2"),
+        dict(q=(randn(g, 3, 2, 20, 32) * big_small).float(), k=(randn(g, 3, 2, 25, 32) * big_small).float(),
+             label="float32, 4 of 32 features 8 times larger in both queries and keys (aligned)"),
+        dict(q=randn(g, 2, 24, 32) * big_small, k=randn(g, 2, 36, 32) * big_small.flip(0),
+             label="the loud features of the queries are the quiet ones of the keys (crossed)"),
+        unit,
+    ]
+    return cases
+
+
+def _scale_mistakes(q: Tensor, k: Tensor, right: float) -> list[tuple[str, float, str]]:
+    d_k = q.size(-1)
+    raw = q @ k.transpose(-2, -1)
+    independent = "The features are not alike: measure the scores themselves, not the queries and keys apart. "
+    return [
+        ("√d_k, the chapter's rule, which holds only for entries of variance 1", sqrt(d_k),
+         "√d_k assumes every entry of the queries and keys has variance 1; these don't. " + MEASURE_HINT),
+        ("d_k (the variance of unit-variance scores), not a standard deviation", float(d_k), MEASURE_HINT),
+        ("the variance of the scores, not their standard deviation", right ** 2,
+         "Dividing by the variance gives variance 1 / variance: divide by its square root, the std. " + MEASURE_HINT),
+        ("1 / the right scale: the factor to multiply by, not to divide by", 1 / right,
+         "The statement asks for s in scores = query @ key.transpose(-2, -1) / s: the std itself."),
+        ("the std of scores already divided by √d_k", right / sqrt(d_k),
+         "Measure the raw dot products, before any scaling: query @ key.transpose(-2, -1)."),
+        ("query.std() · key.std() · √d_k, a formula that holds on average for independent features of one size, "
+         "not the spread of these scores",
+         float(q.std() * k.std()) * sqrt(d_k), independent + MEASURE_HINT),
+        ("query.std() · key.std(), without the √d_k of a sum of d_k products", float(q.std() * k.std()),
+         independent + MEASURE_HINT),
+        ("the mean absolute score, not the standard deviation", float(raw.abs().mean()), MEASURE_HINT),
+        ("the spread of each query's row, averaged over the queries", float(raw.std(dim=-1).mean()),
+         "Measure over all the scores at once (.std() with no dim), not row by row."),
+    ]
+
+
+def check_unit_variance_scale(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(query, key) -> s``: the number to divide the raw scores ``query @ keyᵀ`` by so that
+    they have variance 1, measured over every score (a Python float; a 0-d tensor is accepted).
+    query ``(..., Lq, d_k)``, key ``(..., Lk, d_k)``, float64 and float32, and once on another device."""
+
+    def body() -> str:
+        cases = _scale_cases()
+        previous: float | None = None
+        for case in cases:
+            q, k = case["q"], case["k"]
+            where = f"for {describe_shapes(query=q, key=k)}, {case['label']}"
+            args = cloned(q, k)
+            got = call(fn, *args, what="your function", forbidden=[])
+            check_unchanged(["query", "key"], [q, k], args, "your function")
+            if isinstance(got, Tensor) and got.shape == q.shape[:-1] + k.shape[-2:-1]:
+                raise fail(f"your function returned the scores {tuple(got.shape)} {where}; expected one number, "
+                           "the scale s", MEASURE_HINT)
+            value = expect_number(got, f"the scale {where}")
+            qd, kd = q.double(), k.double()
+            right = float((qd @ kd.transpose(-2, -1)).std())
+            if not math.isfinite(value) or abs(value - right) > 5e-3 * right:
+                if previous is not None and value == previous:
+                    raise fail(f"the scale is wrong {where}: it is the number your function gave for the previous "
+                               "inputs, of the same shapes", "Is a result cached (keyed on the shapes only)? "
+                               "Measure the inputs you are given, every call.")
+                for name, candidate, hint in _scale_mistakes(qd, kd, right):
+                    if math.isfinite(value) and abs(value - candidate) <= 5e-3 * abs(candidate):
+                        raise fail(f"the scale is wrong {where}: it looks like {name}", hint)
+                raise fail(f"the scale is wrong {where}: got {value:.4g}, which leaves the scores with variance "
+                           f"{(right / value) ** 2 if value else float('inf'):.3g}, not 1", MEASURE_HINT)
+            previous = value
+        case = cases[2]
+        check_device_care(fn, on_meta(case["q"]), on_meta(case["k"]), what="your function",
+                          hint="Make no tensor of your own on the CPU: measure query @ key.transpose(-2, -1) where "
+                               "the inputs are.")
+        return (f"correct on {len(cases)} cases (scaled, aligned, crossed and unit features; float64 and float32; "
+                "leading axes), and on another device")
+
+    return run_check("a scale measured for variance 1", body)
