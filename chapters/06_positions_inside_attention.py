@@ -36,14 +36,16 @@
 #   `mha_lib.apply_rotary`, and name the pairing convention it uses;
 # - prove, numerically, that a rotary score depends only on the offset `i - j`, that shifting
 #   every position by the same amount changes nothing, and say why the values are never rotated;
-# - use `MultiHeadAttention(..., rotary=True)` and say what it does differently;
+# - use `MultiHeadAttention(..., rotary=True)` and say what it does differently, with the base,
+#   the pairing and the positions (per sequence, for a left-padded batch) that other codebases use;
 # - add a position bias to the scores (ALiBi's slopes, T5's buckets) as a float mask, and say
 #   what RoPE's base is and what stretching positions does to a longer context.
 #
 # *Sources.* Sinusoidal positions: Vaswani et al., "Attention Is All You Need" (2017),
 # section 3.5. Rotary positions: J. Su et al., "RoFormer: Enhanced Transformer with Rotary
 # Position Embedding" (2021). The half-split pairing is the one of GPT-NeoX and of the
-# Hugging Face implementations of LLaMA and Mistral (`rotate_half`). Position biases: O. Press
+# Hugging Face implementations of LLaMA and Mistral (`rotate_half`); the neighbour pairing is
+# RoFormer's and GPT-J's (`rotate_every_two`). Position biases: O. Press
 # et al., "Train Short, Test Long: Attention with Linear Biases" (ALiBi, 2022); C. Raffel et al.,
 # "Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer" (T5,
 # 2020). Longer contexts: S. Chen et al., "Extending Context Window of Large Language Models via
@@ -63,8 +65,9 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, combine_heads, get_device,
-                     scaled_dot_product_attention, seed_everything, sinusoidal_positions, split_heads)
+from mha_lib import (EfficientMultiHeadAttention, MultiHeadAttention, apply_rotary, causal_mask, combine_heads,
+                     get_device, rotary_permutation, scaled_dot_product_attention, seed_everything,
+                     sinusoidal_positions, split_heads)
 
 # %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
@@ -326,12 +329,16 @@ assert abs(same_way[0] - d_plot) < 1e-9 and same_way[128:].mean() < 0.6 * d_plot
 # %% [markdown]
 # ## 5. Two pairings, one idea
 #
-# The interleaved pairing of the RoFormer paper (features `2i` and `2i + 1`) gives the same
-# offset property. The two are the same rotation of differently ordered features: reorder the
-# features so that neighbours become `(i, i + d_k/2)`, rotate half-split, order them back, and
-# you get the interleaved rotation. For one model they are **not** interchangeable: weights
-# trained with one pairing give wrong scores with the other. Converting a checkpoint between them
-# means permuting the rows of `W_q` and `W_k` once, which is what conversion scripts do.
+# The interleaved pairing of the RoFormer paper, GPT-J and Meta's original LLaMA code (features
+# `2i` and `2i + 1`) gives the same offset property. The two are the same rotation of
+# differently ordered features: reorder the features so that neighbours become `(i, i + d_k/2)`
+# (evens first, then odds: `mha_lib.rotary_permutation(d_k)`), rotate half-split, order them
+# back, and you get the interleaved rotation, which `apply_rotary(x, interleaved=True)` computes
+# directly. For one model they are **not** interchangeable: weights trained with one pairing give
+# wrong scores with the other. Converting a checkpoint between them means permuting each head's
+# rows of `W_q` and `W_k` once, which is what conversion scripts do (Hugging Face's LLaMA
+# converter does exactly this permutation); `MultiHeadAttention(..., rotary=True,
+# rope_interleaved=True)` runs such a checkpoint unconverted.
 
 # %%
 def rope_interleaved(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -345,12 +352,15 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).to(x.dtype)  # (..., L, d_k), neighbours again
 
 
-to_half_split = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])  # evens first, then odds
+to_half_split = rotary_permutation(d_k)  # evens first, then odds
+print("rotary_permutation(16):", to_half_split.tolist())
 back = torch.argsort(to_half_split)
 same_rotation = torch.allclose(apply_rotary(q[..., to_half_split])[..., back], rope_interleaved(q, positions), atol=1e-5)
 differ = not torch.allclose(apply_rotary(q), rope_interleaved(q, positions), atol=1e-3)
 print("interleaved == half-split on reordered features:", same_rotation, "  but not on the same features:", differ)
-assert same_rotation and differ
+library = torch.allclose(apply_rotary(q, positions, interleaved=True), rope_interleaved(q, positions), atol=1e-5)
+print("our rope_interleaved == apply_rotary(..., interleaved=True) (within 1e-5):", library)
+assert same_rotation and differ and library
 
 # %% [markdown]
 # ## 6. RoPE inside the module, and why the values stay as they are
@@ -422,10 +432,36 @@ assert sees_order
 print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 
 # %% [markdown]
-# `apply_rotary` takes the positions as an argument for one reason: a model that generates text
-# one token at a time has seen `T` tokens already, and the new one sits at position `T`, not 0.
-# With a cache of `T` tokens (chapter 11), the module rotates the new ones by `arange(T, T + n)`
-# itself.
+# `apply_rotary` takes the positions as an argument because they are not always `0 .. L-1`. A
+# model that generates text one token at a time has seen `T` tokens already, and the new one sits
+# at position `T`, not 0; with a cache of `T` tokens (chapter 11), the module rotates the new ones
+# by `arange(T, T + n)` itself. And a batch of prompts of different lengths is usually padded on
+# the **left**, so that every prompt ends in the last column and the next tokens line up; each
+# sequence then counts its positions from its own first real token. The module takes them as
+# `forward(..., positions=...)`, `(L,)` or one row per sequence `(B, L)` (Hugging Face's
+# `position_ids`), and its base as `rope_base` (Hugging Face's `rope_theta`: 500 000 in
+# LLaMA 3). Below, the second sequence has two pad tokens in front; at its four real tokens the
+# batch gives what the sequence gives alone:
+
+# %%
+x_pair = torch.randn(2, L, d_model).to(device)  # (B, L, d_model); sequence 1: 2 pads, then 4 tokens
+real = torch.tensor([[True] * L, [False, False] + [True] * (L - 2)], device=device)  # (B, L)
+positions_pad = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, L): 0..5 and 0, 0, 0, 1, 2, 3
+print("positions per sequence:", positions_pad.tolist())
+llama3 = MultiHeadAttention(d_model, H, rotary=True, rope_base=500_000).to(device).eval()
+with torch.no_grad():
+    batched = llama3(x_pair, x_pair, x_pair, real[:, None, None, :] & causal_mask(L, device=device),
+                     positions=positions_pad)  # (B, L, d_model)
+    alone = llama3(x_pair[1:, 2:], x_pair[1:, 2:], x_pair[1:, 2:], causal_mask(L - 2, device=device))
+same_as_alone = torch.allclose(batched[1, 2:], alone[0], atol=1e-5)
+print("left-padded sequence, its real tokens == the sequence alone (within 1e-5):", same_as_alone)
+assert same_as_alone
+
+# %% [markdown]
+# With RoPE alone, the default positions `0 .. L-1` would give the same numbers here: they
+# shift each sequence by a constant, which section 4 showed changes no score. Positions that are
+# not such a shift do matter (two candidate tokens at one position, a model with added
+# positions), and the module takes whatever it is given.
 
 # %% [markdown]
 # ## 7. Positions as a bias on the scores: ALiBi and T5
@@ -439,15 +475,27 @@ print("rotary MHA(shuffled x) differs from MHA(x) shuffled:", sees_order)
 #   distance, with a fixed slope per head from the geometric sequence `2^(-8/H), 2^(-16/H), …`:
 #   some heads look far, others near. Nothing is learned. The paper defines it for decoders
 #   (keys `j ≤ i`); `|i - j|` extends it to keys after the query, for encoders.
-# - **T5** (an encoder): 32 buckets, 16 for keys before the query and 16 for keys after. In each
-#   half, offsets 0 to 7 get a bucket each; larger offsets share buckets whose width grows
-#   logarithmically up to 128, and anything farther shares the last one. Each head *learns* one
-#   number per bucket.
+# - **T5** (an encoder–decoder): 32 buckets of offsets. Its encoder (bidirectional) gives 16 to
+#   keys before the query and 16 to keys after; its decoder, causal, needs only keys before, so
+#   all 32 go to one side. Small offsets get a bucket each (0 to 7 in a bidirectional half, 0 to
+#   15 one-sided); past them, the buckets' boundaries form a geometric sequence from 8 (16
+#   one-sided) towards 128, each boundary √2 times the last (2^(3/16) ≈ 1.14 one-sided), rounded up,
+#   so the widths grow geometrically too; and the last bucket takes everything from its own start
+#   on: from 91 bidirectional, from 113 one-sided, not from 128. Each head *learns* one
+#   number per bucket, and the table is learned once and shared by every layer.
 #
-# `mha_lib.alibi_bias(H, L)` and `mha_lib.relative_position_buckets(L)` build them:
+# `mha_lib.alibi_bias(H, L)` and `mha_lib.relative_position_buckets(L)` build them; first, where
+# each of T5's buckets starts (the smallest distance `i - j` to a key before the query that falls in it):
 
 # %%
 from mha_lib import alibi_bias, relative_position_buckets
+
+distance = torch.arange(200)  # keys 0..199 before a query at 199
+for bidirectional in (True, False):
+    bucket_of = relative_position_buckets(200, bidirectional=bidirectional)[199].flip(0)  # (200,): by distance
+    starts = [int(distance[bucket_of == b].min()) for b in bucket_of.unique()]
+    print(f"{'encoder (bidirectional)' if bidirectional else 'decoder (one-sided)':24s} bucket starts:", starts)
+    assert starts[-1] == (91 if bidirectional else 113)
 
 L_bias = 10
 alibi = alibi_bias(H, L_bias)  # (H, L, L) float
@@ -465,32 +513,45 @@ for name, bias in (("ALiBi", alibi), ("T5", t5_bias)):
 # What does the bias do on its own? Where the queries and keys give every key the same score,
 # the weights are the softmax of the bias alone. With a causal mask, as in the decoders that
 # use ALiBi (`-inf` above the diagonal, the penalty below), each head's slope sets how fast its
-# weight falls off with the distance:
+# weight falls off with the distance. With 8 heads (slopes 1/2 to 1/256) and 32 tokens, the
+# last query's weight on each earlier key:
 
 # %%
-causal = torch.ones(L_bias, L_bias, dtype=torch.bool).tril()
-causal_alibi = alibi.masked_fill(~causal, float("-inf"))  # (H, L, L): a float mask for any module
+H_alibi, L_alibi = 8, 32
+alibi_8 = alibi_bias(H_alibi, L_alibi)  # (8, 32, 32)
+causal = causal_mask(L_alibi)
+causal_alibi = alibi_8.masked_fill(~causal, float("-inf"))  # (H, L, L): a float mask for any module
 bias_only = torch.softmax(causal_alibi, dim=-1)  # the weights when all scores are equal
-fig, axes = plt.subplots(1, H, figsize=(3 * H, 3), layout="constrained")
-for h, ax in enumerate(axes):
-    image = ax.imshow(bias_only[h], cmap="Blues", vmin=0, vmax=1)
-    ax.set_title(f"head {h}: slope {-alibi[h, 1, 0].item():.4f}", fontsize=9)
-    ax.set_xlabel("key j")
-axes[0].set_ylabel("query i")
-fig.colorbar(image, ax=axes, fraction=0.02, label="attention weight")
-fig.suptitle("ALiBi alone, causal: the steeper the slope, the nearer the weight")
+last = bias_only[:, -1].flip(-1)  # (H, L): the last query's weight by distance 0..31
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for h in range(H_alibi):
+    ax.plot(range(L_alibi), last[h], marker=".", ms=3, label=f"head {h}: slope 1/{round(-1 / alibi_8[h, 1, 0].item())}")
+ax.axhline(1 / L_alibi, color="grey", lw=0.8, ls="--", label="uniform, 1/32")
+ax.set(yscale="log", ylim=(1e-4, 1), xlabel="distance i - j to the key", ylabel="weight of the last query",
+       title="ALiBi alone, causal, 8 heads: near heads and far heads")
+ax.legend(fontsize=7, ncol=2)
+plt.tight_layout()
 plt.show()
-own = bias_only[:, -1, -1]  # the last query's weight on itself
-print("last query's weight on itself, per head:", [f"{w:.2f}" for w in own.tolist()])
-assert torch.all(own[:-1] > own[1:])  # falls with the slope, head by head
-x_bias = torch.randn(1, L_bias, d_model).to(device)  # (B, L, d_model)
+own, near = bias_only[:, -1, -1], last[:, :4].sum(-1)  # weight on itself; on the 4 nearest keys
+print("weight on itself:     ", [f"{w:.2f}" for w in own.tolist()], "(uniform 0.03)")
+print("weight on 4 nearest:  ", [f"{w:.2f}" for w in near.tolist()])
+assert torch.all(own[:-1] > own[1:]) and own[0] > 0.35 and own[-1] < 0.04  # from near to almost uniform
+x_bias = torch.randn(1, L_alibi, d_model).to(device)  # (B, L, d_model)
 with torch.no_grad():  # the modules take the bias as it is, as a per-head float mask
-    out_alibi = MultiHeadAttention(d_model, H).to(device).eval()(x_bias, x_bias, x_bias, causal_alibi.to(device))
+    out_alibi = MultiHeadAttention(d_model, H_alibi).to(device).eval()(x_bias, x_bias, x_bias, causal_alibi.to(device))
 print("MultiHeadAttention with the ALiBi mask:", tuple(x_bias.shape), "->", tuple(out_alibi.shape))
 
 # %% [markdown]
-# A trained model learns queries and keys that add their own preferences on top of these fixed
-# slopes.
+# The first head puts 0.39 of its weight on the token itself and 0.86 on the four nearest; the
+# last is close to uniform. A trained model learns queries and keys that add their own
+# preferences on top of these fixed slopes.
+#
+# **What a dense bias costs.** Handed over as an `(H, L, L)` float mask, the bias takes
+# `H · L²` numbers: 8 heads at 4096 tokens are 134 M floats, 512 MiB in float32, per call. That
+# undoes part of ALiBi's point, a bias computed from `m_h · (i - j)` at no memory cost: fused
+# kernels (FlashAttention's `alibi_slopes`, PyTorch's `flex_attention` with a `score_mod`) take
+# the slopes and compute each bias where the score is computed. T5 is similar: its learned table
+# is tiny (`32 × H` numbers, shared by every layer), but the `(H, L, L)` bias it is looked up into is not.
 #
 # A fourth answer is **no positions at all** (NoPE): a causal decoder can infer positions from
 # the mask alone, since token `i` sees exactly `i + 1` tokens. Kazemnejad et al. (2023) found
@@ -505,27 +566,41 @@ print("MultiHeadAttention with the ALiBi mask:", tuple(x_bias.shape), "->", tupl
 # in LLaMA 3) sets the slowest frequency, `base^(-(d_k-2)/d_k)`, and so the distance over which
 # the slowest pair has not yet turned once. A model trained on 4096 tokens has seen the slow
 # pairs' angles only up to `4096 · θ_i`; at 16 384 tokens they reach angles it never saw.
-# **Position interpolation** divides the positions by the stretch factor `s` (here 4), so a
-# longer text reuses the trained range of angles, squeezed; **NTK-aware scaling** (named after
-# the neural tangent kernel) raises the base instead, to `base · s^(d_k/(d_k-2))`, which leaves
-# the fast pairs (fine local order) nearly as they were and stretches the slow ones; YaRN (Peng
-# et al., 2023) blends the two per frequency. In the plot, pairs above the grey line turned many
-# times within the trained length and have seen every angle; only the pairs below it meet new
-# angles when the text grows.
+# Three ways to stretch a model by a factor `s` (here 4):
+#
+# - **Position interpolation** divides the positions by `s`, so a longer text reuses the trained
+#   range of angles, squeezed: every pair, fast or slow, turns `s` times slower.
+# - **NTK-aware scaling** (named after the neural tangent kernel) raises the base instead, to
+#   `base · s^(d_k/(d_k-2))`: the fastest pair is untouched and only the slowest one is slowed by
+#   exactly `s`; the pairs between are slowed by less, so most slow pairs still pass the angles
+#   they were trained on (measured below).
+# - **YaRN** (Peng et al., 2023; "NTK-by-parts" plus a temperature) decides pair by pair from
+#   `r = trained length / wavelength` (the number of turns in the trained length, wavelength
+#   `2π / θ_i`): pairs with `r > β = 32` are left alone, pairs with `r < α = 1` (a wavelength
+#   longer than the trained text) are interpolated, `θ_i / s`, and a linear ramp in `r` blends
+#   the two between. It also sharpens the softmax: the scores are multiplied by `1/t` with
+#   `√(1/t) = 0.1 ln s + 1` (1.139 for `s = 4`, so `1/t = 1.296`).
+#
+# In the plot, pairs above the grey line turned at least once within the trained length and
+# have seen every angle; only the pairs below it meet new angles when the text grows.
 
 # %%
 d_rope, trained, stretch = 128, 4096, 4
 pairs = torch.arange(d_rope // 2, dtype=torch.float64)
 theta = 10000.0 ** (-2 * pairs / d_rope)  # (64,)
 theta_ntk = (10000.0 * stretch ** (d_rope / (d_rope - 2))) ** (-2 * pairs / d_rope)
+turns = trained * theta / (2 * math.pi)  # r: turns within the trained length = trained length / wavelength
+ramp = ((turns - 1) / (32 - 1)).clamp(0, 1)  # YaRN's γ: 0 below α = 1 turn, 1 above β = 32 turns
+theta_yarn = (1 - ramp) * theta / stretch + ramp * theta  # interpolated, blended, or left alone
 longest = trained * stretch
 reach = {"trained, 4096 tokens": trained * theta, "no change, 16 384 tokens": longest * theta,
-         "interpolated positions": longest / stretch * theta, "NTK-aware base": longest * theta_ntk}
+         "interpolated positions": longest / stretch * theta, "NTK-aware base": longest * theta_ntk,
+         "YaRN (NTK-by-parts)": longest * theta_yarn}
 fig, ax = plt.subplots(figsize=(8, 3.6))
-for (name, angle), style in zip(reach.items(), ("k-", "r--", "b:", "g-.")):
+for (name, angle), style in zip(reach.items(), ("k-", "r--", "b:", "g-.", "m:")):
     ax.plot(pairs, angle, style, label=name)
 ax.set(yscale="log", xlabel="pair i (fast to slow)", ylabel="largest angle m·θ_i (radians)",
-       title="The angles a longer context reaches, and two ways to keep them in range")
+       title="The angles a longer context reaches, and three ways to stretch RoPE")
 ax.axhline(2 * math.pi, color="grey", lw=0.5, label="one full turn (2π)")
 ax.legend(fontsize=8)
 plt.tight_layout()
@@ -537,12 +612,27 @@ print(f"slowest pair: {reach['trained, 4096 tokens'][slowest]:.3f} rad trained, 
 print(f"fastest pair with NTK / unchanged: {theta_ntk[0] / theta[0]:.2f} (untouched); "
       f"slowest: {theta_ntk[slowest] / theta[slowest]:.2f} (= 1/{stretch})")
 assert abs(theta_ntk[slowest] * stretch - theta[slowest]) < 1e-12
+slow = turns < 1  # the pairs that had not turned once within 4096 tokens
+past = reach["NTK-aware base"][slow] > reach["trained, 4096 tokens"][slow] * (1 + 1e-9)
+ratio = (reach["NTK-aware base"] / reach["trained, 4096 tokens"])[slow]
+print(f"slow pairs (under one turn in 4096 tokens): {int(slow.sum())} of {d_rope // 2}, pairs {int(pairs[slow][0])}..{slowest}")
+print(f"NTK-aware at 16 384 tokens: {int(past.sum())} of them pass their trained angle, by up to {ratio.max():.2f}x")
+yarn_past = reach["YaRN (NTK-by-parts)"] > reach["trained, 4096 tokens"] * (1 + 1e-9)
+print(f"YaRN: {int((turns > 32).sum())} pairs left alone, {int(((turns >= 1) & (turns <= 32)).sum())} on the ramp, "
+      f"{int(slow.sum())} interpolated; slow pairs past their trained angle: {int(yarn_past[slow].sum())}")
+print(f"YaRN's temperature for s = {stretch}: sqrt(1/t) = {0.1 * math.log(stretch) + 1:.3f}, "
+      f"scores x {(0.1 * math.log(stretch) + 1) ** 2:.3f}")
+assert int(slow.sum()) == 18 and int(past.sum()) == 17 and not yarn_past[slow].any()
 
 # %% [markdown]
-# Interpolation keeps every angle in the trained range but squeezes neighbouring positions
-# closer (a model needs a little fine-tuning to read them apart); NTK-aware scaling keeps the
-# fastest pair exactly and brings the slowest pair back into range. Both change only `θ` and
-# the positions, never the weights.
+# So NTK-aware scaling does **not** keep a longer context's angles in the trained range: 17 of
+# the 18 slow pairs still reach angles up to 1.45 times beyond anything seen in training; only
+# the slowest is brought back exactly. Its gain is elsewhere: the fast pairs (fine local order)
+# are left almost as trained, where interpolation squeezes them too. Interpolation keeps every
+# angle in the trained range but squeezes neighbouring positions closer (a model needs a little
+# fine-tuning to read them apart). YaRN takes the best of both per pair: the fast pairs exactly as
+# trained, the slow ones interpolated back into range. All three change only `θ`, the positions
+# and (YaRN) a scale on the scores, never the weights.
 
 # %% [markdown]
 # ## Recap
@@ -557,17 +647,25 @@ assert abs(theta_ntk[slowest] * stretch - theta[slowest]) < 1e-12
 #   `position · θ_i`. The score depends on the **offset `i - j` only**; shifting every position by
 #   a constant changes nothing; lengths are kept; the values are **never** rotated.
 # - `mha_lib.apply_rotary(x, positions=None)` uses the **half-split** pairing `(i, i + d_k/2)`
-#   (GPT-NeoX, Hugging Face LLaMA); RoFormer's interleaved pairing is the same rotation on
-#   reordered features: weights carry over only after permuting the rows of `W_q` and `W_k`,
-#   head by head.
+#   (GPT-NeoX, Hugging Face LLaMA); RoFormer's and GPT-J's interleaved pairing
+#   (`interleaved=True`, `rope_interleaved=True` in the modules) is the same rotation on
+#   reordered features (`rotary_permutation(d_k)`): weights carry over only after permuting the
+#   rows of `W_q` and `W_k`, head by head.
 # - `MultiHeadAttention(d_model, H, rotary=True)` (and the efficient module) apply it after
 #   `split_heads`.
-# - **A bias on the scores**: ALiBi (`-m_h · |i - j|`, fixed slopes per head) and T5 (a
-#   learned number per head and offset bucket) are float masks `(H, L, L)`
-#   (`mha_lib.alibi_bias`, `mha_lib.relative_position_buckets`); a causal decoder can also do
-#   without positions (NoPE).
-# - RoPE's **base** sets its slowest frequency; position interpolation and NTK-aware scaling
-#   keep a longer context's angles in the trained range.
+# - **A bias on the scores**: ALiBi (`-m_h · |i - j|`, fixed slopes per head, from near heads to
+#   almost uniform ones) and T5 (a learned number per head and offset bucket, one table for all
+#   layers; bidirectional in the encoder, one-sided in the decoder, the last bucket from 91) are
+#   float masks `(H, L, L)` (`mha_lib.alibi_bias`, `mha_lib.relative_position_buckets`), which
+#   cost `H · L²` numbers where fused kernels compute the bias on the fly; a causal decoder can
+#   also do without positions (NoPE).
+# - RoPE's **base** sets its slowest frequency (`MultiHeadAttention(..., rope_base=...)`);
+#   `forward(..., positions=...)` takes each sequence's positions, `(L,)` or `(B, L)` (left
+#   padding). To stretch a context by `s`: position interpolation keeps every angle in the
+#   trained range by slowing every pair; NTK-aware scaling slows mostly the slow pairs but does
+#   not bring them back in range (17 of 18 still pass their trained angle at d 128, 4096 → 16 384);
+#   YaRN leaves the fast pairs, interpolates those whose wavelength exceeds the trained length,
+#   ramps between, and sharpens the softmax by `1/t`, with `√(1/t) = 0.1 ln s + 1`.
 #
 # ## Exercises
 #
