@@ -470,6 +470,9 @@ assert not same
 # Practise what this chapter built in `exercises/02_self_attention_one_head.ipynb`; each
 # exercise checks itself and tells you what is wrong. See the README for how to start your
 # own copy.
+# Exercises 2.1 and 2.2 rebuild self-attention and the head; exercise 2.3 asks how sharp the
+# hand-set head of section 6 must be as the sentence grows, and how long a sentence its gap of 6
+# can serve.
 #
 # ## What comes next
 #

@@ -197,8 +197,6 @@ plt.show()
 # two cells again (a token the tokenizer has no piece for, such as a tab or `é`, is refused).
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-# (an interactive view: its HTML is not compared)
 attention_explorer(labels, [w[0] for w in weights], title="The shipped model on the snippet")
 
 # %% [markdown]

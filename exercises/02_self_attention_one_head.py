@@ -16,8 +16,8 @@
 # %% [markdown]
 # # Exercises · Chapter 02 · Self-attention with one head
 #
-# Two exercises: self-attention with given projection matrices, then the same thing as a
-# module with trainable projections.
+# Three exercises: self-attention with given projection matrices, the same thing as a module
+# with trainable projections, then how sharp a hand-set head must be for a longer sentence.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -31,7 +31,7 @@ import math
 import torch
 from torch import nn
 
-from mha_lib.checks import check_attention_head, check_self_attention
+from mha_lib.checks import check_attention_head, check_self_attention, check_sharpness_needed
 
 # %% [markdown]
 # ## Exercise 2.1 · Self-attention with given projections
@@ -97,6 +97,51 @@ class AttentionHead(nn.Module):
 check_attention_head(AttentionHead)
 
 # %% [markdown]
+# ## Exercise 2.3 · How sharp must a head be?
+#
+# In section 6 of the chapter, the hand-set head gives "bad" a score of 6 on "not" and 0 on
+# the other words, and a gap of 6 puts 99% of the weight on "not" in a sentence of 5 words. In
+# a longer sentence there are more keys at 0 to share the weight with, and the same gap gives
+# less.
+#
+# Write `sharpness_needed(seq_len, weight)` that returns the gap $s$ for which one key, scored
+# $s$ above the `seq_len - 1` other keys (whose scores are equal), receives exactly `weight` of
+# the softmax.
+#
+# - Return one number, a Python `float` (a 0-d tensor is accepted), within `1e-6` of the exact
+#   gap; it may be negative (a weight below `1 / seq_len` needs a key scored *below* the others).
+# - Raise a `ValueError` that names the argument when no gap can do it: `weight` not strictly
+#   between 0 and 1, or `seq_len` below 2.
+# - The check calls it on sentences of 2 to 1000 keys and weights from 0.1 to 0.999, then with
+#   the impossible requests.
+#
+# Then, in the cell after the check, **decide**: with the chapter's gap of 6, what is the longest
+# sentence in which "bad" still gives "not" at least 0.9 of its weight? Confirm it with
+# `torch.softmax`.
+#
+# <details><summary>Hint 1</summary>
+#
+# The key's weight is $w = e^s / (e^s + (L-1)\,e^0)$. Solve for $e^s$ first.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# $e^s = w\,(L-1)/(1-w)$; `math.log` is the natural logarithm.
+# </details>
+
+# %%
+def sharpness_needed(seq_len, weight):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_sharpness_needed(sharpness_needed)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/02_self_attention_one_head.ipynb`, then go on to chapter 03.

@@ -21,8 +21,8 @@
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Two exercises: self-attention with given projection matrices, then the same thing as a
-# module with trainable projections.
+# Three exercises: self-attention with given projection matrices, the same thing as a module
+# with trainable projections, then how sharp a hand-set head must be for a longer sentence.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -38,7 +38,7 @@ import math
 import torch
 from torch import nn
 
-from mha_lib.checks import check_attention_head, check_self_attention
+from mha_lib.checks import check_attention_head, check_self_attention, check_sharpness_needed
 
 # %% [markdown]
 # ## Exercise 2.1 · Self-attention with given projections
@@ -130,6 +130,76 @@ check_attention_head(AttentionHead)
 # why their names and sizes matter. `mha_lib.AttentionHead` is the course's version of this
 # class, with input checks and docstrings.
 # <!-- END SOLUTION -->
+#
+# ## Exercise 2.3 · How sharp must a head be?
+#
+# In section 6 of the chapter, the hand-set head gives "bad" a score of 6 on "not" and 0 on
+# the other words, and a gap of 6 puts 99% of the weight on "not" in a sentence of 5 words. In
+# a longer sentence there are more keys at 0 to share the weight with, and the same gap gives
+# less.
+#
+# Write `sharpness_needed(seq_len, weight)` that returns the gap $s$ for which one key, scored
+# $s$ above the `seq_len - 1` other keys (whose scores are equal), receives exactly `weight` of
+# the softmax.
+#
+# - Return one number, a Python `float` (a 0-d tensor is accepted), within `1e-6` of the exact
+#   gap; it may be negative (a weight below `1 / seq_len` needs a key scored *below* the others).
+# - Raise a `ValueError` that names the argument when no gap can do it: `weight` not strictly
+#   between 0 and 1, or `seq_len` below 2.
+# - The check calls it on sentences of 2 to 1000 keys and weights from 0.1 to 0.999, then with
+#   the impossible requests.
+#
+# Then, in the cell after the check, **decide**: with the chapter's gap of 6, what is the longest
+# sentence in which "bad" still gives "not" at least 0.9 of its weight? Confirm it with
+# `torch.softmax`.
+#
+# <details><summary>Hint 1</summary>
+#
+# The key's weight is $w = e^s / (e^s + (L-1)\,e^0)$. Solve for $e^s$ first.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# $e^s = w\,(L-1)/(1-w)$; `math.log` is the natural logarithm.
+# </details>
+
+# %%
+def sharpness_needed(seq_len, weight):
+    # BEGIN SOLUTION
+    if seq_len < 2:
+        raise ValueError(f"seq_len={seq_len}: a query over fewer than 2 keys gives its key weight 1 whatever the gap")
+    if not 0 < weight < 1:
+        raise ValueError(f"weight={weight} must lie strictly between 0 and 1: no finite gap gives 0 or 1")
+    return math.log(weight * (seq_len - 1) / (1 - weight))
+    # END SOLUTION
+
+
+# %%
+check_sharpness_needed(sharpness_needed)
+
+# %%
+# BEGIN SOLUTION
+for L in (5, 50, 500):
+    print(f"{L:4d} keys: a gap of {sharpness_needed(L, 0.9):4.2f} for 0.9 of the weight, "
+          f"{sharpness_needed(L, 0.99):4.2f} for 0.99")
+
+# The longest sentence for a gap of 6: w(L) = e^6 / (e^6 + L - 1) >= 0.9  <=>  L - 1 <= e^6 / 9.
+longest = 1 + math.floor(math.exp(6) * (1 - 0.9) / 0.9)
+for L in (longest, longest + 1):
+    scores = torch.tensor([6.0] + [0.0] * (L - 1))  # "not" scored 6, the other L - 1 words 0
+    print(f"gap 6, {L} words: weight on 'not' {torch.softmax(scores, dim=0)[0]:.4f}")
+assert sharpness_needed(longest, 0.9) <= 6 < sharpness_needed(longest + 1, 0.9)
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN ANSWER -->
+# **Discussion.** The gap needed grows with the *logarithm* of the length: $s = \log\frac{w}{1-w}
+# + \log(L-1)$. Ten times more keys cost only $\log 10 \approx 2.3$ more, but that is on top of a
+# gap that a head must produce as a dot product of its query and key. With a gap of 6, "bad"
+# keeps at least 0.9 of its weight on "not" in sentences of up to 45 words, and loses it in a
+# 46th. The other words were all scored 0 here; in a real sentence some score higher, and the
+# weight is shared further. A head that must pick one token out of many needs a larger gap, that
+# is larger or better aligned queries and keys.
+# <!-- END ANSWER -->
 #
 # <!-- EXERCISE ONLY
 # ## Done?

@@ -64,3 +64,77 @@ def test_unit_variance_scale_names_a_tensor_made_on_the_cpu():
         return ((q @ k.mT) / torch.ones((), device="cpu").expand(1, 1)).std().item()
 
     expect_fail(checks.check_unit_variance_scale(on_cpu), "device 'meta'", "where the inputs are", status="error")
+
+
+# ------------------------------------------------------------------ 2.3 how sharp a head must be
+
+
+def _refuse(fn):
+    @functools.wraps(fn)
+    def guarded(seq_len, weight):
+        if seq_len < 2:
+            raise ValueError(f"seq_len={seq_len} must be at least 2")
+        if not 0 < weight < 1:
+            raise ValueError(f"weight={weight} must lie strictly between 0 and 1")
+        return fn(seq_len, weight)
+
+    return guarded
+
+
+@_refuse
+def gap_log(L, w):
+    return math.log(w * (L - 1) / (1 - w))
+
+
+@_refuse
+def gap_logit(L, w):
+    return torch.logit(torch.tensor(w, dtype=torch.float64)) + math.log(L - 1)  # a 0-d tensor
+
+
+@_refuse
+def gap_bisection(L, w):
+    lo, hi = -60.0, 60.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        share = torch.softmax(torch.tensor([mid] + [0.0] * (L - 1), dtype=torch.float64), 0)[0]
+        lo, hi = (mid, hi) if share < w else (lo, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("fn", [gap_log, gap_logit, gap_bisection])
+def test_sharpness_passes_right_answers(fn):
+    expect_pass(checks.check_sharpness_needed(fn))
+
+
+@_refuse
+def gap_grid(L, w):
+    s = -20.0
+    while math.exp(s) / (math.exp(s) + L - 1) < w:
+        s += 0.001
+    return s
+
+
+_by_weight: dict = {}
+
+
+@_refuse
+def gap_cached_on_weight(L, w):
+    return _by_weight.setdefault(w, gap_log(L, w))
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (_refuse(lambda L, w: math.log(w / (1 - w))), ["the gap for two keys", "L - 1 others"]),
+    (_refuse(lambda L, w: math.log(w * L / (1 - w))), ["L in place of L - 1"]),
+    (_refuse(lambda L, w: math.log(w * (L - 1))), ["key's own e^s was left out"]),
+    (_refuse(lambda L, w: w * (L - 1) / (1 - w)), ["without the log"]),
+    (_refuse(lambda L, w: math.log10(w * (L - 1) / (1 - w))), ["log in base 10"]),
+    (_refuse(lambda L, w: math.log2(w * (L - 1) / (1 - w))), ["log in base 2"]),
+    (_refuse(lambda L, w: math.log(w * (L - 1) / (1 - w)) / math.sqrt(L)), ["divided by √L"]),
+    (gap_grid, ["close but not exact", "search"]),
+    (lambda L, w: math.log(w * (L - 1) / (1 - w)), ["raised ZeroDivisionError", "not ValueError"]),
+    (lambda L, w: math.log(w * (L - 1) / (1 - w)) if 0 < w < 1 and L > 1 else float("inf"),
+     ["returned inf instead of raising ValueError"]),
+    (gap_cached_on_weight, ["previous arguments", "cached"]),
+])
+def test_sharpness_names_each_mistake(fn, words):
+    expect_fail(checks.check_sharpness_needed(fn), *words)

@@ -36,7 +36,7 @@ from .attention import (
 from .heads import check_combine_heads, check_parameter_count, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
-from .one_head import check_attention_head, check_self_attention
+from .one_head import check_attention_head, check_self_attention, check_sharpness_needed
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
 from .positions import check_apply_rotary, check_rotary_attention
 from .alibi import check_alibi_bias
@@ -103,6 +103,7 @@ __all__ = [
     "check_role_score",
     "check_scaled_dot_product_attention",
     "check_self_attention",
+    "check_sharpness_needed",
     "check_split_heads",
     "check_unit_variance_scale",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ._core import (
@@ -15,6 +17,7 @@ from ._core import (
     close,
     describe_shapes,
     diagnose,
+    expect_number,
     expect_tensor,
     fail,
     gen,
@@ -125,3 +128,78 @@ def check_self_attention(fn: Callable[..., Any]) -> CheckResult:
         return f"correct on {len(cases)} cases"
 
     return run_check("self-attention", body)
+
+
+# ------------------------------------------------------------------ exercise 2.3: how sharp a head must be
+
+SHARPNESS_HINT = ("Write the weight of the one key: w = e^s / (e^s + (L - 1)·e^0), and solve for s: "
+                  "s = log(w · (L - 1) / (1 - w)), with the natural log (math.log).")
+_SHARPNESS_CASES = [(5, 0.99), (2, 0.9), (50, 0.9), (1000, 0.5), (8, 0.125), (6, 0.1), (12, 0.999)]
+_SHARPNESS_BAD = [(5, 1.0, "weight=1.0: no finite gap gives a weight of exactly 1"),
+                  (5, 0.0, "weight=0.0: no finite gap gives a weight of exactly 0"),
+                  (5, 1.5, "weight=1.5: a weight is a probability, below 1"),
+                  (1, 0.5, "seq_len=1: a query over one key gives it weight 1 whatever the gap")]
+
+
+def _sharpness_mistakes(L: int, w: float) -> list[tuple[str, float, str]]:
+    right = math.log(w * (L - 1) / (1 - w))
+    return [
+        ("the gap for two keys, log(w / (1 - w)): the length was left out", math.log(w / (1 - w)),
+         "The key competes with L - 1 others, each adding e^0 = 1 to the softmax's sum. " + SHARPNESS_HINT),
+        ("L in place of L - 1: the key was counted among its own competitors", math.log(w * L / (1 - w)),
+         "The sum has the key's own e^s and L - 1 others. " + SHARPNESS_HINT),
+        ("log(w · (L - 1)): the key's own e^s was left out of the softmax's sum", math.log(w * (L - 1)),
+         "The softmax divides by every key's e^score, the key's own e^s included. " + SHARPNESS_HINT),
+        ("the ratio w · (L - 1) / (1 - w) itself, without the log", math.exp(right),
+         "That ratio is e^s: take its natural log to get the gap s."),
+        ("a log in base 10", right / math.log(10), "Softmax uses e: math.log (natural), not math.log10."),
+        ("a log in base 2", right / math.log(2), "Softmax uses e: math.log (natural), not math.log2."),
+        ("the gap divided by √L (a scale that belongs to the dot products, not to the gap)", right / math.sqrt(L),
+         "The gap is between the scores the softmax sees; no √ scale enters here. " + SHARPNESS_HINT),
+    ]
+
+
+def check_sharpness_needed(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(seq_len, weight) -> s``: the score gap s for which one key, s above the other
+    ``seq_len - 1`` (equal) scores, gets ``weight`` of the softmax (a Python float, within 1e-6), and a
+    ValueError for arguments no gap can meet (``weight`` outside (0, 1), ``seq_len < 2``)."""
+
+    def body() -> str:
+        previous: float | None = None
+        for L, w in _SHARPNESS_CASES:
+            where = f"for seq_len={L}, weight={w}"
+            value = expect_number(call(fn, L, w, what=f"your function (seq_len={L}, weight={w})"), f"the gap {where}")
+            right = math.log(w * (L - 1) / (1 - w))
+            if not (math.isfinite(value) and abs(value - right) <= 1e-6 * max(1.0, abs(right))):
+                if previous is not None and value == previous:
+                    raise fail(f"the gap is wrong {where}: it is the number your function gave for the previous "
+                               "arguments", "Is a result cached? Compute it from the arguments of every call.")
+                for name, candidate, hint in _sharpness_mistakes(L, w):
+                    if math.isfinite(value) and abs(value - candidate) <= 1e-4 * max(1.0, abs(candidate)):
+                        raise fail(f"the gap is wrong {where}: it looks like {name}", hint)
+                got = torch.softmax(torch.tensor([value] + [0.0] * (L - 1), dtype=torch.float64), 0)[0].item() \
+                    if math.isfinite(value) else float("nan")
+                if math.isfinite(value) and abs(got - w) < 1e-3:
+                    raise fail(f"the gap is close but not exact {where}: {value:.6g} gives the key a weight of "
+                               f"{got:.6f}", "A search (bisection, a grid) stops near the exact value, not at it: solve "
+                               "w = e^s / (e^s + L - 1) for s instead, or search until the gap is within 1e-9.")
+                raise fail(f"the gap is wrong {where}: got {value:.4g}, which gives the key a weight of {got:.4g}",
+                           SHARPNESS_HINT)
+            previous = value
+        for L, w, why in _SHARPNESS_BAD:
+            try:
+                result = fn(L, w)
+            except ValueError:
+                continue
+            except Exception as error:  # noqa: BLE001 - the learner's code: a verdict, never a crash
+                raise fail(f"for seq_len={L}, weight={w} your function raised {type(error).__name__} "
+                           f"({str(error).splitlines()[0][:80] if str(error) else 'no message'}), not ValueError",
+                           f"{why}: test the arguments first and raise ValueError with a message that names the one "
+                           "that is wrong.") from None
+            raise fail(f"for seq_len={L}, weight={w} your function returned {result!r} instead of raising ValueError",
+                       f"{why}: test the arguments first and raise ValueError with a message that names the one "
+                       "that is wrong.")
+        return (f"correct on {len(_SHARPNESS_CASES)} cases (2 to 1000 keys, weights from 0.1 to 0.999, negative gaps "
+                f"included), and {len(_SHARPNESS_BAD)} impossible requests refused with ValueError")
+
+    return run_check("how sharp a head must be", body)
