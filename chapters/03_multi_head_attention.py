@@ -741,6 +741,9 @@ print("sum over heads of head_h @ W_o.weight[:, slice_h].T, plus bias == the mod
 #
 # Practise what this chapter built in `exercises/03_multi_head_attention.ipynb`; each exercise
 # checks itself and tells you what is wrong. See the README for how to start your own copy.
+# Exercises 3.1 to 3.4 count the parameters and rebuild the split, the merge and the module;
+# exercise 3.5 writes a probe that measures which input positions each head reads through any
+# split, and uses it to show what a split without the transpose does.
 #
 # ## What comes next
 #

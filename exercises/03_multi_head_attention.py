@@ -16,7 +16,8 @@
 # %% [markdown]
 # # Exercises · Chapter 03 · Multi-head attention
 #
-# Four exercises, from counting parameters to the whole module.
+# Five exercises, from counting parameters to the whole module, and a probe that shows what a
+# wrong split does to the positions.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -30,10 +31,13 @@ import math
 import torch
 from torch import nn
 
+import mha_lib
+
 from mha_lib.checks import (
     check_combine_heads,
     check_multi_head_attention,
     check_parameter_count,
+    check_positions_read,
     check_split_heads,
 )
 
@@ -148,6 +152,49 @@ class MultiHeadAttention(nn.Module):
 check_multi_head_attention(MultiHeadAttention)
 
 # %% [markdown]
+# ## Exercise 3.5 · Which positions does a head read?
+#
+# A split with the right shape can still put the wrong numbers in each head (exercise 3.2's
+# hint). How wrong? Measure it: write `positions_read(split, seq_len, d_model, num_heads)` that
+# runs any split function `split(x, num_heads)` (`(B, L, d_model) -> (B, H, L, d_k)`) on a probe
+# of your own and returns a boolean tensor `reads` of shape `(num_heads, seq_len, seq_len)`:
+# `reads[h, i, j]` is True when the features that head `h` gets at position `i` include a
+# feature of input position `j`.
+#
+# - Make the probe yourself, one sequence `(1, seq_len, d_model)`, so that every entry tells the
+#   position it came from. Return a `torch.bool` tensor on the CPU; the check runs on the CPU.
+# - The check hands over six splits, some right and some wrong, on three sizes: your function
+#   must read what each one does, not assume it.
+#
+# Then, in the cell after the check, **measure** two splits with `seq_len=6, d_model=8,
+# num_heads=2`: `mha_lib.split_heads`, and a plain `x.reshape(B, H, L, d_k)`. Which positions do
+# head 0 and head 1 see with the reshape, and what would attention in those heads then compute?
+#
+# <details><summary>Hint 1</summary>
+#
+# A probe whose entries at position `j` all equal `j`:
+# `torch.arange(seq_len, dtype=torch.float64)[None, :, None].expand(1, seq_len, d_model)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# With `out = split(x, num_heads)[0]` `(H, L, d_k)`, `out[..., None] == torch.arange(seq_len)` is
+# `(H, L, d_k, L)`; `.any(dim=-2)` asks "any of the d_k features?".
+# </details>
+
+# %%
+def positions_read(split, seq_len, d_model, num_heads):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_positions_read(positions_read)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/03_multi_head_attention.ipynb`, then go on to chapter 04.

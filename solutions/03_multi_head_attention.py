@@ -21,7 +21,8 @@
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Four exercises, from counting parameters to the whole module.
+# Five exercises, from counting parameters to the whole module, and a probe that shows what a
+# wrong split does to the positions.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -37,10 +38,13 @@ import math
 import torch
 from torch import nn
 
+import mha_lib
+
 from mha_lib.checks import (
     check_combine_heads,
     check_multi_head_attention,
     check_parameter_count,
+    check_positions_read,
     check_split_heads,
 )
 
@@ -194,6 +198,74 @@ check_multi_head_attention(MultiHeadAttention)
 # have only `d_k` terms), forgetting `W_o` (the heads are then never mixed), and splitting with a
 # plain reshape.
 # <!-- END SOLUTION -->
+#
+# ## Exercise 3.5 · Which positions does a head read?
+#
+# A split with the right shape can still put the wrong numbers in each head (exercise 3.2's
+# hint). How wrong? Measure it: write `positions_read(split, seq_len, d_model, num_heads)` that
+# runs any split function `split(x, num_heads)` (`(B, L, d_model) -> (B, H, L, d_k)`) on a probe
+# of your own and returns a boolean tensor `reads` of shape `(num_heads, seq_len, seq_len)`:
+# `reads[h, i, j]` is True when the features that head `h` gets at position `i` include a
+# feature of input position `j`.
+#
+# - Make the probe yourself, one sequence `(1, seq_len, d_model)`, so that every entry tells the
+#   position it came from. Return a `torch.bool` tensor on the CPU; the check runs on the CPU.
+# - The check hands over six splits, some right and some wrong, on three sizes: your function
+#   must read what each one does, not assume it.
+#
+# Then, in the cell after the check, **measure** two splits with `seq_len=6, d_model=8,
+# num_heads=2`: `mha_lib.split_heads`, and a plain `x.reshape(B, H, L, d_k)`. Which positions do
+# head 0 and head 1 see with the reshape, and what would attention in those heads then compute?
+#
+# <details><summary>Hint 1</summary>
+#
+# A probe whose entries at position `j` all equal `j`:
+# `torch.arange(seq_len, dtype=torch.float64)[None, :, None].expand(1, seq_len, d_model)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# With `out = split(x, num_heads)[0]` `(H, L, d_k)`, `out[..., None] == torch.arange(seq_len)` is
+# `(H, L, d_k, L)`; `.any(dim=-2)` asks "any of the d_k features?".
+# </details>
+
+# %%
+def positions_read(split, seq_len, d_model, num_heads):
+    # BEGIN SOLUTION
+    x = torch.arange(seq_len, dtype=torch.float64)[None, :, None].expand(1, seq_len, d_model)  # x[0, j, :] = j
+    out = split(x, num_heads)[0]  # (H, L, d_k): the position each feature came from
+    return (out[..., None] == torch.arange(seq_len, dtype=torch.float64)).any(dim=-2)  # (H, L, L)
+    # END SOLUTION
+
+
+# %%
+check_positions_read(positions_read)
+
+# %%
+# BEGIN SOLUTION
+def split_by_reshape(x, num_heads):
+    B, L, D = x.shape
+    return x.reshape(B, num_heads, L, D // num_heads)  # the right shape, no transpose
+
+
+for name, split in [("mha_lib.split_heads", mha_lib.split_heads), ("a plain reshape", split_by_reshape)]:
+    reads = positions_read(split, seq_len=6, d_model=8, num_heads=2)  # (H, L, L)
+    print(name)
+    for h in range(2):
+        seen = [reads[h, i].nonzero().flatten().tolist() for i in range(6)]
+        print(f"  head {h}, positions 0-5 read input positions {seen}")
+assert positions_read(split_by_reshape, 6, 8, 2)[0].any(dim=0).tolist() == [True] * 3 + [False] * 3
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN ANSWER -->
+# **Discussion.** With `mha_lib.split_heads`, every head at position `i` reads position `i`, and
+# only it. With the plain reshape, head 0 reads only the first half of the sequence (input
+# positions 0, 0, 1, 1, 2, 2) and head 1 only the second half: each head's "position" `i` holds a
+# piece of input position `i // 2` (or `3 + i // 2`). Attention in head 0 would then compare
+# pieces of tokens 0 to 2 with each other, twice each, and never see tokens 3 to 5; a mask built
+# for the real positions would block the wrong pieces. The shapes are right and no error is
+# raised: only a measurement like this one, or a comparison with a reference, finds it.
+# <!-- END ANSWER -->
 #
 # <!-- EXERCISE ONLY
 # ## Done?

@@ -138,3 +138,60 @@ def gap_cached_on_weight(L, w):
 ])
 def test_sharpness_names_each_mistake(fn, words):
     expect_fail(checks.check_sharpness_needed(fn), *words)
+
+
+# ------------------------------------------------------------------ 3.5 which positions a split reads
+
+
+def reads_tagged(split, seq_len, d_model, num_heads):
+    x = torch.arange(seq_len, dtype=torch.float64)[None, :, None].expand(1, seq_len, d_model)
+    out = split(x, num_heads)[0]
+    return (out[..., None] == torch.arange(seq_len, dtype=torch.float64)).any(dim=-2)
+
+
+def reads_unique_ids(split, L, D, H):
+    out = split(torch.arange(L * D).reshape(1, L, D), H)[0] // D  # each entry's own id, then its position
+    reads = torch.zeros(H, L, L, dtype=torch.bool)
+    for h in range(H):
+        for i in range(L):
+            reads[h, i, out[h, i]] = True
+    return reads
+
+
+def reads_one_hot(split, L, D, H):
+    columns = []
+    for j in range(L):  # light up one position at a time
+        x = torch.zeros(1, L, D)
+        x[0, j] = 1.0
+        columns.append((split(x, H)[0] != 0).any(-1))
+    return torch.stack(columns, dim=-1)
+
+
+@pytest.mark.parametrize("fn", [reads_tagged, reads_unique_ids, reads_one_hot])
+def test_positions_read_passes_right_answers(fn):
+    expect_pass(checks.check_positions_read(fn))
+
+
+def _tag_features(s, L, D, H):
+    out = s(torch.arange(D, dtype=torch.float64)[None, None, :].expand(1, L, D), H)[0]
+    return (out[..., None] == torch.arange(L, dtype=torch.float64)).any(-2)
+
+
+def _first_feature(s, L, D, H):
+    out = s(torch.arange(L, dtype=torch.float64)[None, :, None].expand(1, L, D), H)[0][..., :1]
+    return (out[..., None] == torch.arange(L, dtype=torch.float64)).any(-2)
+
+
+@pytest.mark.parametrize(("fn", "words", "status"), [
+    (lambda s, L, D, H: reads_tagged(s, L, D, H).transpose(-2, -1), ["reads[h, j, i]", "swapped"], "failed"),
+    (lambda s, L, D, H: torch.eye(L, dtype=torch.bool).expand(H, L, L), ["ignores the split", "probe"], "failed"),
+    (_tag_features, ["feature's index, not its position"], "failed"),
+    (_first_feature, ["only the first feature", ".any()"], "failed"),
+    (lambda s, L, D, H: reads_tagged(s, L, D, H).int(), ["0s and 1s", ".bool()"], "failed"),
+    (lambda s, L, D, H: reads_tagged(s, L, D, H).permute(1, 0, 2), ["has shape", "(num_heads, seq_len, seq_len)"],
+     "failed"),
+    (lambda s, L, D, H: s(torch.arange(L)[:, None].expand(L, D), H), ["split takes x of shape (b, l, d_model)"],
+     "error"),
+])
+def test_positions_read_names_each_mistake(fn, words, status):
+    expect_fail(checks.check_positions_read(fn), *words, status=status)

@@ -33,7 +33,7 @@ from .attention import (
     check_scaled_dot_product_attention,
     check_unit_variance_scale,
 )
-from .heads import check_combine_heads, check_parameter_count, check_split_heads
+from .heads import check_combine_heads, check_parameter_count, check_positions_read, check_split_heads
 from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention, check_sharpness_needed
@@ -96,6 +96,7 @@ __all__ = [
     "check_ov_circuit",
     "check_padding_mask",
     "check_parameter_count",
+    "check_positions_read",
     "check_previous_token_score",
     "check_repeated_segment_batch",
     "check_restricted_attention",

@@ -6,6 +6,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .. import heads as mha_heads
@@ -122,3 +123,127 @@ def check_parameter_count(fn: Callable[..., Any]) -> CheckResult:
         return f"correct on {len(cases)} configurations"
 
     return run_check("parameter count", body)
+
+
+# ------------------------------------------------------------------ exercise 3.5: which positions a split reads
+
+PROBE_HINT = ("Tag every entry of a probe with its position: x = torch.arange(seq_len, dtype=torch.float64)"
+              "[None, :, None].expand(1, seq_len, d_model), run out = split(x, num_heads)[0] (H, L, d_k), and "
+              "read reads[h, i, j] = (out[h, i, :] == j).any() for every j (broadcast: out[..., None] == "
+              "torch.arange(seq_len)).")
+
+
+def _checked(x: Tensor, H: int) -> tuple[int, int, int]:
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"split takes x of shape (B, L, d_model), got {shape}")
+    B, L, D = x.shape
+    if not isinstance(H, int) or isinstance(H, bool) or H < 1 or D % H:
+        raise ValueError(f"split takes a num_heads that divides d_model={D}, got {H!r}")
+    return B, L, D
+
+
+def _split_right(x: Tensor, H: int) -> Tensor:
+    B, L, D = _checked(x, H)
+    return x.view(B, L, H, D // H).transpose(1, 2)
+
+
+def _split_reshape(x: Tensor, H: int) -> Tensor:
+    B, L, D = _checked(x, H)
+    return x.reshape(B, H, L, D // H)
+
+
+def _split_transposed(x: Tensor, H: int) -> Tensor:
+    B, L, D = _checked(x, H)
+    return x.transpose(1, 2).reshape(B, H, L, D // H)
+
+
+def _split_interleaved(x: Tensor, H: int) -> Tensor:
+    B, L, D = _checked(x, H)
+    return x.reshape(B, L, D // H, H).permute(0, 3, 1, 2)
+
+
+def _split_reversed(x: Tensor, H: int) -> Tensor:
+    _checked(x, H)
+    return _split_right(x.flip(1), H)
+
+
+def _split_shifted(x: Tensor, H: int) -> Tensor:
+    _checked(x, H)
+    return _split_right(x.roll(1, dims=1), H)
+
+
+_SPLITS = [  # (what it does, split); every one runs on any dtype and device
+    ("a reshape without the transpose", _split_reshape),
+    ("the right split (view, then transpose)", _split_right),
+    ("a transpose of the whole (L, d_model) block, then a reshape", _split_transposed),
+    ("heads made of every H-th feature", _split_interleaved),
+    ("the right split of the reversed sequence", _split_reversed),
+    ("the right split of the sequence shifted by one", _split_shifted),
+]
+
+
+def _reads(split: Callable[..., Tensor], L: int, D: int, H: int, *, tag: str = "position",
+           first_only: bool = False) -> Tensor:
+    """What a probe tagged by ``tag`` ("position" or "feature") reads back: bool (H, L, L)."""
+    x = torch.arange(L if tag == "position" else D, dtype=torch.float64)
+    x = x[None, :, None].expand(1, L, D) if tag == "position" else x[None, None, :].expand(1, L, D)
+    out = split(x.contiguous(), H)[0]  # (H, L, d_k)
+    if first_only:
+        out = out[..., :1]
+    return (out[..., None] == torch.arange(L, dtype=torch.float64)).any(dim=-2)  # (H, L, L)
+
+
+def check_positions_read(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(split, seq_len, d_model, num_heads) -> reads``: bool ``(H, L, L)``, ``reads[h, i, j]``
+    True when ``split(x, num_heads)[0, h, i]`` (for ``x`` of shape ``(1, L, d_model)``) holds a feature of
+    input position j. The check hands over six splits, right and wrong, on three sizes."""
+
+    def body() -> str:
+        sizes = [(6, 8, 2), (5, 12, 3), (4, 8, 8)]
+        count = 0
+        for L, D, H in sizes:
+            for name, split in _SPLITS:
+                where = f"for {name}, seq_len={L}, d_model={D}, num_heads={H}"
+                got = call(fn, split, L, D, H, what=f"your function ({where})",
+                           forbidden=[mha_heads.split_heads])
+                expected = _reads(split, L, D, H)
+                if isinstance(got, Tensor) and got.shape == (H, L, L) and got.dtype != torch.bool:
+                    if set(got.detach().cpu().flatten().tolist()) <= {0, 1}:
+                        raise fail(f"the result {where} holds 0s and 1s of dtype {got.dtype}; expected torch.bool",
+                                   "Return the comparison itself (a bool tensor), or convert with .bool().")
+                got = expect_tensor(got, f"the result {where}", (H, L, L), dtype="any",
+                                    explain=" (num_heads, seq_len, seq_len)")
+                if got.dtype != torch.bool:
+                    raise fail(f"the result {where} has dtype {got.dtype}; expected torch.bool "
+                               "(True: head h at position i reads position j)")
+                got = got.cpu()
+                count += 1
+                if torch.equal(got, expected):
+                    continue
+                eye = torch.eye(L, dtype=torch.bool).expand(H, L, L)
+                mistakes = [
+                    ("reads[h, j, i]: the positions read and the positions of the output are swapped",
+                     expected.transpose(-2, -1),
+                     "Index it as reads[h, i, j]: i is the position in the split's output, j the input position "
+                     "it came from."),
+                    ("it ignores the split: every head at position i reads position i only", eye,
+                     "Call split on a probe whose entries tell their position, and read what comes out. "
+                     + PROBE_HINT),
+                    ("the probe was tagged with each feature's index, not its position",
+                     _reads(split, L, D, H, tag="feature"),
+                     "Tag each entry with the position it sits at (the same number along d_model), not with its "
+                     "feature index. " + PROBE_HINT),
+                    ("only the first feature of each head and position was read", _reads(split, L, D, H, first_only=True),
+                     "A head's d_k features at one position may come from several positions: look at all of them "
+                     "(.any() over the last axis). " + PROBE_HINT),
+                ]
+                for mistake, wrong, hint in mistakes:
+                    if torch.equal(got, wrong):
+                        raise fail(f"wrong result {where}: it looks like {mistake}", hint)
+                heads = (got != expected).flatten(1).any(-1).nonzero().flatten().tolist()
+                raise fail(f"wrong result {where}: head{'s' if len(heads) > 1 else ''} "
+                           f"{', '.join(map(str, heads))} differ", PROBE_HINT)
+        return f"correct on {count} cases ({len(_SPLITS)} splits, right and wrong, on {len(sizes)} sizes)"
+
+    return run_check("which positions a split reads", body)
