@@ -16,8 +16,9 @@
 # %% [markdown]
 # # Exercises · Chapter 04 · Masks and cross-attention
 #
-# Three exercises: combine two masks, make attention safe for queries that may attend to
-# nothing, and use the multi-head module for cross-attention over a padded source.
+# Four exercises: combine two masks, make attention safe for queries that may attend to
+# nothing, use the multi-head module for cross-attention over a padded source, and build the mask
+# of a left-padded batch so that no query is left with nothing to look at.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -30,8 +31,14 @@ import math
 
 import torch
 
+import mha_lib
 from mha_lib import causal_mask, padding_mask
-from mha_lib.checks import check_causal_padding_mask, check_cross_attention, check_masked_attention
+from mha_lib.checks import (
+    check_causal_padding_mask,
+    check_cross_attention,
+    check_left_padded_causal_mask,
+    check_masked_attention,
+)
 
 # %% [markdown]
 # ## Exercise 4.1 · Causal and padding at once
@@ -113,6 +120,52 @@ def cross_attend(mha, target, source, source_lengths):
 check_cross_attention(cross_attend)
 
 # %% [markdown]
+# ## Exercise 4.4 · A left-padded batch without empty rows
+#
+# To generate text for a batch, sentences are padded at the **start** (chapter 04, section 4),
+# and then `causal_mask(L) & left_padding` leaves every leading `<pad>` query with nothing to look
+# at. Exercise 4.2 made attention survive such rows; here you decide what those rows should hold,
+# so that even textbook attention (`masked_fill(-inf)`, softmax) never meets one.
+#
+# Write `left_padded_causal_mask(lengths, seq_len)` returning a boolean mask `(B, 1, seq_len,
+# seq_len)` for a batch whose sequence `b` has its `lengths[b]` real tokens at the **end**:
+#
+# - a real query `i` of sequence `b` may attend to key `j` exactly when `j <= i` and `j` is a real
+#   token (`j >= seq_len - lengths[b]`);
+# - every padding query must be allowed **at least one** key. Which ones is your decision (their
+#   outputs are thrown away); it must not change any real query's row;
+# - `lengths` is a list of ints or a 1-D tensor; a sequence may be empty (length 0), and
+#   `seq_len` may exceed the longest length. Make the mask on `lengths`' device when it is a
+#   tensor (the CPU for a list): the check also runs it with `lengths` on another device.
+#
+# Then, in the cell after the check, **measure** what your choice changes: run textbook
+# attention with the chapter's mask and with yours on the same random inputs, count the NaN,
+# and compare the real queries' outputs with `mha_lib.scaled_dot_product_attention`'s.
+#
+# <details><summary>Hint 1</summary>
+#
+# `pos = torch.arange(seq_len)`: the real keys are `pos >= seq_len - lengths[:, None]` `(B, L)`.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# Every query may attend to itself without harm: a real query already may, and a padding
+# query's output is thrown away. `| torch.eye(seq_len, dtype=torch.bool)` does it.
+# </details>
+
+# %%
+def left_padded_causal_mask(lengths, seq_len):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_left_padded_causal_mask(left_padded_causal_mask)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/04_masks_and_cross_attention.ipynb`, then go on to chapter 05.

@@ -195,3 +195,68 @@ def _first_feature(s, L, D, H):
 ])
 def test_positions_read_names_each_mistake(fn, words, status):
     expect_fail(checks.check_positions_read(fn), *words, status=status)
+
+
+# ------------------------------------------------------------------ 4.4 a left-padded causal mask
+
+
+def left_itself(lengths, seq_len):
+    lengths = torch.as_tensor(lengths)
+    pos = torch.arange(seq_len, device=lengths.device)
+    real = pos[None, :] >= seq_len - lengths[:, None]
+    return (((pos[None, :] <= pos[:, None]) & real[:, None, :]) | (pos[None, :] == pos[:, None]))[:, None]
+
+
+def left_padding_rows_causal(lengths, L):  # a padding query sees the padding before it, itself included
+    keep = padding_mask([int(n) for n in lengths], max_len=L).flip(-1)  # (B, 1, 1, L)
+    return causal_mask(L) & (keep | ~keep.transpose(-1, -2))
+
+
+def left_loops(lengths, L):  # padding rows see everything
+    mask = torch.zeros(len(lengths), 1, L, L, dtype=torch.bool)
+    for b, n in enumerate(int(n) for n in lengths):
+        for i in range(L):
+            if i < L - n:
+                mask[b, 0, i, :] = True
+            else:
+                mask[b, 0, i, L - n:i + 1] = True
+    return mask
+
+
+@pytest.mark.parametrize("fn", [left_itself, left_padding_rows_causal, left_loops])
+def test_left_padded_mask_passes_right_answers(fn):
+    expect_pass(checks.check_left_padded_causal_mask(fn))
+
+
+def _keep(lengths, L):
+    return padding_mask([int(n) for n in lengths], max_len=L)
+
+
+def _eye(L):
+    return torch.eye(L, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (lambda l, L: causal_mask(L) & _keep(l, L).flip(-1), ["no key at all", "0/0", "torch.eye"]),
+    (lambda l, L: (causal_mask(L) & _keep(l, L)) | _eye(L), ["right padding", "last lengths[b] positions"]),
+    (lambda l, L: causal_mask(L).expand(len(l), 1, L, L).clone(), ["padding keys are not blocked"]),
+    (lambda l, L: _keep(l, L).flip(-1).expand(len(l), 1, L, L) | _eye(L), ["the causal part is missing"]),
+    (lambda l, L: (causal_mask(L) & ~_keep(l, L).flip(-1)) | _eye(L), ["padding part is inverted"]),
+    (lambda l, L: (causal_mask(L).T & _keep(l, L).flip(-1)) | _eye(L), ["causal triangle flipped"]),
+    (lambda l, L: (causal_mask(L) & _keep([min(int(n) + 1, L) for n in l], L).flip(-1)) | _eye(L),
+     ["off by one", "last padding position is allowed"]),
+    (lambda l, L: (causal_mask(L) & _keep([max(int(n) - 1, 0) for n in l], L).flip(-1)) | _eye(L),
+     ["off by one", "first real token is blocked"]),
+    (lambda l, L: left_itself(l, L)[:, 0], ["has shape", "axis of size 1 for the heads"]),
+])
+def test_left_padded_mask_names_each_mistake(fn, words):
+    expect_fail(checks.check_left_padded_causal_mask(fn), *words)
+
+
+def test_left_padded_mask_names_a_mask_made_on_the_cpu():
+    def on_cpu(lengths, L):
+        lengths = torch.as_tensor(lengths)
+        real = torch.arange(L)[None, :] >= L - lengths[:, None]  # arange on the CPU, lengths elsewhere
+        return ((causal_mask(L) & real[:, None, :]) | _eye(L))[:, None]
+
+    expect_fail(checks.check_left_padded_causal_mask(on_cpu), "device 'meta'", "lengths.device", status="error")

@@ -34,7 +34,7 @@ from .attention import (
     check_unit_variance_scale,
 )
 from .heads import check_combine_heads, check_parameter_count, check_positions_read, check_split_heads
-from .masks import check_causal_mask, check_causal_padding_mask, check_padding_mask
+from .masks import check_causal_mask, check_causal_padding_mask, check_left_padded_causal_mask, check_padding_mask
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention, check_sharpness_needed
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
@@ -90,6 +90,7 @@ __all__ = [
     "check_head_ablation",
     "check_induction_score",
     "check_key_padding_mask_for_torch",
+    "check_left_padded_causal_mask",
     "check_logit_attribution",
     "check_masked_attention",
     "check_multi_head_attention",

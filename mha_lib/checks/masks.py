@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .. import masks as mha_masks
-from ._core import ERROR, CheckResult, Verdict, call, expect_tensor, fail, run_check
+from ._core import ERROR, CheckResult, Verdict, call, check_device_care, expect_tensor, fail, on_meta, run_check
 
 FUTURE_HINT = "Rows are queries, columns are keys: query i may see keys j <= i, the lower triangle (torch.tril)."
 
@@ -161,3 +161,88 @@ def check_causal_padding_mask(fn: Callable[..., Any]) -> CheckResult:
         return f"correct on {len(cases)} batches (one padded beyond its longest sequence)"
 
     return run_check("causal and padding mask", body)
+
+
+# ------------------------------------------------------------------ exercise 4.4: left padding, no empty row
+
+LEFT_HINT = ("With padding at the start, sequence b's real tokens are the last lengths[b] positions: key j is real "
+             "when j >= seq_len - lengths[b]. A real query i may see key j when j <= i and j is real.")
+EMPTY_ROW_HINT = ("A leading padding query has no real key at or before it, so causal & padding leaves its row all "
+                  "False, and textbook attention (masked_fill(-inf), softmax) gives it NaN, which W_o and the next "
+                  "layer spread. Its output is thrown away anyway: let it see something, e.g. itself "
+                  "(mask | torch.eye(seq_len, dtype=torch.bool)); real queries must stay as they were.")
+
+
+def _left_keep(lengths: list[int], L: int) -> Tensor:
+    return torch.arange(L)[None, :] >= L - torch.tensor(lengths)[:, None]  # (B, L)
+
+
+def check_left_padded_causal_mask(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(lengths, seq_len) -> mask``: bool ``(B, 1, L, L)`` for a batch padded at the start. A real
+    query i of sequence b (``i >= L - lengths[b]``) may attend to key j exactly when ``j <= i`` and j is real;
+    every padding query's row allows at least one key (which ones is the learner's choice: their outputs are
+    thrown away), so that no row is fully masked. The mask is on ``lengths``' device (the CPU for a list)."""
+
+    def body() -> str:
+        cases = [([3, 5, 1], 5), ([2, 4], 6), ([4, 0, 2], 4), ([1, 3], 3)]
+        for n, (lengths, L) in enumerate(cases):
+            B = len(lengths)
+            arg: Any = torch.tensor(lengths) if n == len(cases) - 1 else list(lengths)
+            what = f"lengths={lengths}{' (a tensor)' if isinstance(arg, Tensor) else ''}, seq_len={L}"
+            mask = call(fn, arg, L, what=f"your function ({what})")
+            if isinstance(mask, Tensor) and tuple(mask.shape) == (B, L, L):
+                raise fail(f"the mask for {what} has shape {(B, L, L)}, expected {(B, 1, L, L)}",
+                           "Keep an axis of size 1 for the heads, so that it broadcasts against (B, H, L, L).")
+            mask = expect_tensor(mask, f"the mask for {what}", (B, 1, L, L), dtype="bool").cpu()[:, 0]
+            keep = _left_keep(lengths, L)  # (B, L)
+            real_q = keep[:, :, None].expand(B, L, L)  # the rows that are checked entry by entry
+            expected = _causal(L) & keep[:, None, :]
+            if not torch.equal(mask[real_q], expected[real_q]):
+                right_keep = _keep(lengths, L)
+                candidates = [
+                    ("padding at the end (right padding): the real tokens were taken to be the first ones",
+                     _causal(L) & right_keep[:, None, :], LEFT_HINT),
+                    ("the padding keys are not blocked (only the causal mask, or the padding mask on the queries' axis)",
+                     _causal(L).expand(B, L, L), "Block the padding *keys*: & keep[:, None, None, :] on the last axis."),
+                    ("the future is visible: the causal part is missing", keep[:, None, :].expand(B, L, L),
+                     "Combine both: a real query i may see key j when j <= i (torch.tril) and j is real."),
+                    ("the padding part is inverted: the real keys are blocked and the padding allowed",
+                     _causal(L) & ~keep[:, None, :], "True means *may attend*: True for the real keys."),
+                    ("off by one: the first real token is blocked",
+                     _causal(L) & (torch.arange(L)[None, :] > L - torch.tensor(lengths)[:, None])[:, None, :], LEFT_HINT),
+                    ("off by one: the last padding position is allowed",
+                     _causal(L) & (torch.arange(L)[None, :] >= L - 1 - torch.tensor(lengths)[:, None])[:, None, :],
+                     LEFT_HINT),
+                    ("the causal triangle flipped: queries see later keys", _causal(L).T & keep[:, None, :],
+                     "Rows are queries, columns keys: query i sees keys j <= i, the lower triangle."),
+                ]
+                eye = torch.eye(L, dtype=torch.bool)
+                for name, wrong, hint in candidates:
+                    if torch.equal(mask[real_q], wrong[real_q]) or torch.equal(mask[real_q], (wrong | eye)[real_q]):
+                        raise fail(f"wrong mask for {what}: {name}", hint)
+                bad = (mask != expected) & real_q
+                rows = sorted({(b, i) for b, i in bad.any(-1).nonzero().tolist()})
+                shown = ", ".join(f"sequence {b} query {i}" for b, i in rows[:4]) + (", ..." if len(rows) > 4 else "")
+                raise fail(f"wrong mask for {what}: the rows of real queries differ ({shown})", LEFT_HINT)
+            empty = (~mask).all(-1) & ~keep  # padding queries with nothing to look at
+            if empty.any():
+                b, i = empty.nonzero()[0].tolist()
+                raise fail(f"the mask for {what} leaves {int(empty.sum())} padding "
+                           f"quer{'ies' if int(empty.sum()) > 1 else 'y'} with no key at all (sequence {b}, query {i}"
+                           f"{', ...' if int(empty.sum()) > 1 else ''}): the real rows are right, but attention there "
+                           "is 0/0", EMPTY_ROW_HINT)
+        device_hint = ("Make the mask on lengths' device: torch.arange(seq_len, device=lengths.device) "
+                       "(torch.as_tensor(lengths) keeps a tensor where it is).")
+        check_device_care(fn, on_meta(torch.tensor([2, 4])), 5, what="your function (lengths a tensor)",
+                          hint=device_hint)
+        try:
+            elsewhere = fn(on_meta(torch.tensor([2, 4])), 5)
+        except Exception:  # noqa: BLE001 - the meta device can't do everything (.tolist()); the CPU run was right
+            elsewhere = None
+        if isinstance(elsewhere, Tensor) and elsewhere.device.type != "meta":
+            raise fail(f"for lengths on device 'meta' (a stand-in for a GPU) the mask comes back on "
+                       f"'{elsewhere.device.type}'", device_hint)
+        return (f"correct on {len(cases)} batches (padded beyond the longest sequence, an empty sequence, lengths as "
+                "a tensor; no row left empty), and with lengths on another device")
+
+    return run_check("left-padded causal mask", body)
