@@ -54,7 +54,7 @@ def alibi_sorted(num_heads, seq_len, device=None):
 def test_alibi_device_careful_answer_that_reads_numbers_back_passes():
     result = checks.check_alibi_bias(alibi_reads_slopes_back)
     expect_pass(result)
-    assert "correct on 8 cases" in str(result) and "reads numbers back" in str(result)
+    assert "correct on 10 cases" in str(result) and "reads numbers back" in str(result)
 
 
 def test_alibi_slopes_of_another_count_are_not_told_wrong_order():
@@ -331,3 +331,132 @@ def test_generator_leaves_out_markdown_cells_left_empty():
     assert all(line.strip() not in ("", "#") for cell in cells if cell.startswith(" [markdown]")
                for line in cell.splitlines()[1:2]), exercise
     assert exercise.count("# %% [markdown]") == 2
+
+
+# ------------------------------------------------------------------ held-out gallery of issues 32/34: more named slips
+
+
+def make_alibi_cached_on_heads():
+    cache = {}
+
+    def alibi(num_heads, seq_len, device=None):  # keyed on num_heads only: stale for another length
+        if num_heads not in cache:
+            cache[num_heads] = _bias(_recipe(num_heads), seq_len, device)
+        return cache[num_heads]
+    return alibi
+
+
+def make_alibi_cached_without_device():
+    cache = {}
+
+    def alibi(num_heads, seq_len, device=None):  # keyed on the sizes, not the device
+        if (num_heads, seq_len) not in cache:
+            cache[num_heads, seq_len] = _bias(_recipe(num_heads), seq_len, device)
+        return cache[num_heads, seq_len]
+    return alibi
+
+
+def make_alibi_cached_on_every_argument():
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def alibi(num_heads, seq_len, device=None):
+        return _bias(_recipe(num_heads), seq_len, device)
+    return alibi
+
+
+def test_alibi_names_a_result_kept_from_an_earlier_call():
+    expect_fail(checks.check_alibi_bias(make_alibi_cached_on_heads()), "bias of an earlier call", "num_heads alone")
+    expect_fail(checks.check_alibi_bias(make_alibi_cached_without_device()), "earlier call", "kept without its device",
+                "device included")
+    result = checks.check_alibi_bias(make_alibi_cached_on_every_argument())
+    expect_pass(result)
+    assert "correct on 10 cases" in str(result)
+
+
+def absorb_transposed_then_blocks(mla):
+    H, d_k, d_latent = mla.num_heads, mla.d_k, mla.d_latent
+    return mla.W_uk.weight.T.reshape(H, d_latent, d_k).transpose(1, 2), absorb_right(mla)[1]
+
+
+def absorb_with_sizes_typed_in(mla):  # another example's sizes: wrong from the first module on
+    W_uv = mla.W_uv.weight.view(4, 16, 32)
+    return mla.W_uk.weight.view(4, 16, 32), torch.einsum("mhk,hkc->mhc", mla.W_o.weight.view(64, 4, 16), W_uv)
+
+
+def make_absorb_cached_on_the_class():
+    cache = {}
+
+    def absorb(mla):  # a key that every module shares
+        if type(mla) not in cache:
+            cache[type(mla)] = tuple(t.detach().clone() for t in absorb_right(mla))
+        return cache[type(mla)]
+    return absorb
+
+
+def test_absorb_names_sizes_typed_in_on_the_first_module_and_a_shared_cache():
+    expect_fail(checks.check_absorb_up_projections(absorb_transposed_then_blocks), "transposed before being cut")
+    result = checks.check_absorb_up_projections(absorb_with_sizes_typed_in)
+    expect_fail(result, "sizes written as numbers (4, 16, 32)", "mla.num_heads", "would not help")
+    assert "Call .contiguous() before" not in str(result)
+    expect_fail(checks.check_absorb_up_projections(make_absorb_cached_on_the_class()), "shape of an earlier call",
+                "keep no result")
+    for fn in (absorb_right, absorb_with_reshape):
+        expect_pass(checks.check_absorb_up_projections(fn))
+
+
+def make_halves_cached():
+    kept = []
+
+    def halves_mask(seq_len):
+        if not kept:
+            kept.append(halves(seq_len))
+        return kept[0]
+    return halves_mask
+
+
+def test_halves_mask_names_a_length_typed_in_a_cache_and_another_split():
+    check = checks.check_halves_mask
+    expect_fail(check(lambda L: halves(8)), "a mask for seq_len=8", "length typed in")
+    expect_fail(check(make_halves_cached()), "shape of an earlier call's (seq_len=4)", "nothing from one call")
+
+    def split_at_zero(L):  # head 0 gets no key, head 1 every key
+        first = torch.zeros(L, dtype=torch.bool)
+        return torch.stack([first, ~first])[:, None, :].expand(2, L, L)
+    expect_fail(check(split_at_zero), "split at key 0, not at L//2 = 2")
+    expect_fail(check(lambda L: halves(L).permute(1, 2, 0)), "the head axis comes last", ".permute(2, 0, 1)")
+    expect_pass(check(halves))
+
+
+def make_restricted_with_a_kept_mask():
+    kept = []
+
+    def restricted(mha, x):
+        if not kept:
+            kept.append(halves(x.size(1), x.device))
+        return mha(x, x, x, mask=kept[0], return_weights=True)
+    return restricted
+
+
+def restricted_unscaled(mha, x):
+    B, L, D = x.shape
+    H = mha.num_heads
+    q, k, v = (layer(x).view(B, L, H, -1).transpose(1, 2) for layer in (mha.W_q, mha.W_k, mha.W_v))
+    weights = (q @ k.transpose(-2, -1)).masked_fill(~halves(L, x.device), float("-inf")).softmax(-1)
+    return mha.W_o((weights @ v).transpose(1, 2).reshape(B, L, D)), weights
+
+
+def restricted_split_at_the_batch_size(mha, x):
+    L = x.size(1)
+    first = torch.arange(L, device=x.device) < x.size(0) // 2
+    return mha(x, x, x, mask=torch.stack([first, ~first])[:, None, :].expand(2, L, L), return_weights=True)
+
+
+def test_restricted_attention_names_more_slips():
+    check = checks.check_restricted_attention
+    expect_fail(check(restricted_unscaled), "not scaled by 1/sqrt(d_k)")
+    expect_fail(check(lambda m, x: restricted_right(m, x)[::-1]), "returned (weights, output)", "swapped")
+    expect_fail(check(restricted_split_at_the_batch_size), "split at another key than L // 2")
+    expect_fail(check(make_restricted_with_a_kept_mask()), "the call before, with L = 4, passed", "kept from an "
+                "earlier call", status="error")
+    expect_pass(check(restricted_right))

@@ -340,3 +340,84 @@ def test_head_ablation_fallback_names_the_head_that_differs():
 
     expect_fail(checks.check_head_ablation(doubles_the_next_head), "wrong output", "head 1 differs",
                 "head 0 should be all zeros")
+
+
+# ------------------------------------------------------------------ held-out gallery of issues 32/34: more named slips
+
+
+class ResidualFromNormalizedFirst(Layer):  # only the attention's residual starts from norm1(x)
+    def forward(self, x, mask=None):
+        h = self.norm1(x)
+        x = h + self.self_attn(h, h, h, mask=mask)
+        return x + self.feed_forward(self.norm2(x))
+
+
+class NoFeedForward(Layer):
+    def forward(self, x, mask=None):
+        h = self.norm1(x)
+        return x + self.self_attn(h, h, h, mask=mask)
+
+
+class KeysAndValuesFromX(Layer):
+    def forward(self, x, mask=None):
+        h = self.norm1(x)
+        x = x + self.self_attn(h, x, x, mask=mask)
+        return x + self.feed_forward(self.norm2(x))
+
+
+class ReturnsAPair(Layer):
+    def forward(self, x, mask=None):
+        return super().forward(x, mask), None
+
+
+@pytest.mark.parametrize(("cls", "words"), [
+    (ResidualFromNormalizedFirst, ("residual starts from the normalized input",)),
+    (NoFeedForward, ("feed-forward sublayer is missing",)),
+    (KeysAndValuesFromX, ("only the queries were normalized", "the same h")),
+    (ReturnsAPair, ("returned a pair", "output alone")),
+])
+def test_encoder_layer_names_more_mistakes(cls, words):
+    expect_fail(checks.check_encoder_layer(cls), *words)
+
+
+def silenced_unscaled(mha, x, head):
+    q, k, v = (mha_lib.split_heads(f(x), mha.num_heads) for f in (mha.W_q, mha.W_k, mha.W_v))
+    heads = (q @ k.transpose(-2, -1)).softmax(-1) @ v
+    heads[:, head] = 0
+    return mha.W_o(mha_lib.combine_heads(heads))
+
+
+def silenced_without_the_bias(mha, x, head):
+    heads = _heads(mha, x).clone()
+    heads[:, head] = 0
+    return mha_lib.combine_heads(heads) @ mha.W_o.weight.T
+
+
+def only_the_head_kept(mha, x, head):
+    heads = _heads(mha, x)
+    keep = torch.zeros(mha.num_heads, 1, 1, dtype=x.dtype, device=x.device)
+    keep[head] = 1
+    return mha.W_o(mha_lib.combine_heads(heads * keep))
+
+
+def four_heads_assumed(mha, x, head):  # d_k from the example's 4 heads
+    concat = mha_lib.combine_heads(_heads(mha, x)).clone()
+    d_k = x.size(-1) // 4
+    concat[..., head * d_k:(head + 1) * d_k] = 0
+    return mha.W_o(concat)
+
+
+def silenced_with_weights(mha, x, head):
+    return ablate_by_hand(mha, x, head), None
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (silenced_unscaled, ("not scaled by 1/sqrt(d_k)",)),
+    (silenced_without_the_bias, ("w_o's bias was left out",)),
+    (only_the_head_kept, ("only head h was kept",)),
+    (four_heads_assumed, ("slice of the wrong width", "mha.d_k")),
+    (silenced_with_weights, ("returned a pair", "output alone")),
+])
+def test_head_ablation_names_more_mistakes(fn, words):
+    expect_fail(checks.check_head_ablation(fn), *words)
+    expect_pass(checks.check_head_ablation(ablate_by_hand))

@@ -980,3 +980,154 @@ def test_copying_checks_read_stubs_and_survive_garbage(check):
         result = check(garbage)
         assert isinstance(result, CheckResult) and not result, result
         assert "bug in mha_lib.checks" not in str(result), result
+
+
+# ------------------------------------------------------------------ held-out gallery of issues 32/34: more named slips
+
+
+def _rows(batch_size, seq_len, vocab_size, segment, generator, place):
+    """A batch whose copy positions come from `place(n, b, generator) -> (first, second)`."""
+    lo, hi = segment
+    tokens = torch.randint(vocab_size, (batch_size, seq_len), generator=generator)
+    predictable = torch.zeros(batch_size, seq_len, dtype=torch.bool)
+    for b in range(batch_size):
+        n = int(torch.randint(lo, hi + 1, (), generator=generator))
+        first, second = place(n, seq_len, generator)
+        tokens[b, second:second + n] = tokens[b, first:first + n].clone()
+        predictable[b, second + 1:second + n] = True
+    return tokens, predictable
+
+
+def adjacent_copies(batch_size, seq_len, vocab_size, segment, generator):  # second is never drawn
+    def place(n, L, g):
+        first = int(torch.randint(0, L - 2 * n + 1, (), generator=g))
+        return first, first + n
+    return _rows(batch_size, seq_len, vocab_size, segment, generator, place)
+
+
+def one_place_for_the_batch(batch_size, seq_len, vocab_size, segment, generator):
+    drawn = {}
+
+    def place(n, L, g):  # drawn once, then only moved where the row's length doesn't fit
+        if not drawn:
+            drawn["first"] = int(torch.randint(0, L - 2 * n + 1, (), generator=g))
+            drawn["second"] = int(torch.randint(drawn["first"] + n, L - n + 1, (), generator=g))
+        first = min(drawn["first"], L - 2 * n)
+        return first, max(min(drawn["second"], L - n), first + n)
+    return _rows(batch_size, seq_len, vocab_size, segment, generator, place)
+
+
+def test_repeated_segment_batch_names_copies_never_placed_per_row():
+    expect_fail(checks.check_repeated_segment_batch(adjacent_copies), "right where the first ends",
+                "second is not drawn")
+    expect_fail(checks.check_repeated_segment_batch(one_place_for_the_batch), "one position was drawn for the "
+                "whole batch")
+    expect_pass(checks.check_repeated_segment_batch(segment_batch))
+
+
+def test_score_checks_name_a_count_typed_in_a_key_one_off_and_a_length_typed_in():
+    expect_fail(checks.check_previous_token_score(
+        lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1).mean(0) / 23), "a number typed in", "L - 1")
+    expect_fail(checks.check_induction_score(lambda w, b: induction_with(w, b, key_shift=2)),
+                "the key is one position off")
+
+    def length_four(weights, batch):
+        B, H, L, _ = weights.shape
+        t = torch.arange(L, device=weights.device)
+        first, second = (x.to(weights.device)[:, None] for x in (batch.first, batch.second))
+        queries = (t >= second) & (t <= second + 2) & (t - second + first + 1 < L)  # i = 0 ... 4 - 2
+        keys = torch.where(queries, t - second + first + 1, 0)
+        picked = weights.gather(-1, keys[:, None, :, None].expand(B, H, L, 1)).squeeze(-1)
+        return (picked * queries[:, None]).sum(dim=(0, 2)) / queries.sum()
+
+    expect_fail(checks.check_induction_score(length_four), "one number for every row", "batch.length")
+    expect_pass(checks.check_previous_token_score(prev_diagonal))
+    expect_pass(checks.check_induction_score(induction_loop))
+
+
+def ablation_growing_list(model, batch):
+    rows = []
+    with torch.no_grad():
+        for layer in model.layers:
+            silenced, row = [], []
+            for h in range(layer.num_heads):
+                silenced.append(h)  # the list grows: heads 0 ... h
+                with silence_heads(layer, silenced):
+                    row.append(losses(model(batch.tokens), batch)[1])
+            rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def ablation_shipped_sizes(model, batch):
+    table = torch.zeros(2, 4, dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        for l in range(min(2, len(model.layers))):
+            for h in range(min(4, model.layers[l].num_heads)):
+                with silence_heads(model.layers[l], [h]):
+                    table[l, h] = losses(model(batch.tokens), batch)[1]
+    return table
+
+
+def test_ablation_losses_names_a_growing_list_and_the_shipped_sizes():
+    expect_fail(checks.check_ablation_losses(ablation_growing_list), "the silenced heads added up")
+    expect_fail(checks.check_ablation_losses(ablation_shipped_sizes), "the shipped model's (2 layers, 4 heads)",
+                "typed in")
+    expect_pass(checks.check_ablation_losses(ablation))
+
+
+def make_parts_cached_on_the_head():
+    cache = {}
+
+    def parts(model, tokens, head):
+        if head not in cache:
+            cache[head] = tuple(p.detach().clone() for p in parts_by_hand(model, tokens, head))
+        return cache[head]
+    return parts
+
+
+def parts_positions_reversed(model, tokens, head):
+    token, _, bias = parts_by_hand(model, tokens, head)
+    layer, L = model.layers[0], tokens.size(1)
+    hs = slice(head * layer.d_k, (head + 1) * layer.d_k)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            A = model(tokens, return_weights=True)[1][0][:, head]
+    finally:
+        model.train(was)
+    position = A @ (model.position_embedding[:L].flip(0) @ layer.W_v.weight[hs].T @ layer.W_o.weight[:, hs].T)
+    return token, position.detach(), bias
+
+
+def test_head_parts_names_a_cache_on_the_head_and_positions_read_backwards():
+    expect_fail(checks.check_head_parts(make_parts_cached_on_the_head()), "parts it returned for an earlier call",
+                "a cache keyed on the head only")
+    expect_fail(checks.check_head_parts(parts_positions_reversed), "the wrong rows of the position table")
+    expect_pass(checks.check_head_parts(parts_by_hand))
+
+
+def test_circuit_checks_name_an_empty_slice_a_percentage_and_no_wrong_transpose():
+    def next_head(model, layer, head):  # 1-based thinking: the last head's slice is empty
+        return ov_circuit(model, layer, head + 1) if head + 1 < model.num_heads else \
+            model.unembed.weight @ model.layers[layer].W_o.weight[:, :0] @ model.layers[layer].W_v.weight[:0] \
+            @ model.token_embedding.weight.T
+    expect_fail(checks.check_ov_circuit(next_head), "wrong circuit")
+
+    def empty_slice(model, layer, head):
+        attention = model.layers[layer]
+        rows = slice((head + attention.num_heads) * attention.d_k, (head + attention.num_heads + 1) * attention.d_k)
+        return model.unembed.weight @ attention.W_o.weight[:, rows] @ attention.W_v.weight[rows] \
+            @ model.token_embedding.weight.T
+    expect_fail(checks.check_ov_circuit(empty_slice), "an empty slice", "all zeros")
+
+    def without_w_o(model, layer, head):  # W_U (V, D) @ W_v^h (d_k, D): the product itself doesn't fit
+        attention = model.layers[layer]
+        rows = slice(head * attention.d_k, (head + 1) * attention.d_k)
+        return model.unembed.weight @ attention.W_v.weight[rows] @ model.token_embedding.weight.T
+    result = checks.check_ov_circuit(without_w_o)
+    assert not result and "The transpose is the mistake" not in str(result), result  # E (V, V) is square here
+
+    expect_fail(checks.check_copying_score(lambda m, l, h: 100 * copying_score(m, l, h)), "a percentage")
+    expect_pass(checks.check_ov_circuit(ov_circuit))
+    expect_pass(checks.check_copying_score(copying_score))

@@ -880,3 +880,79 @@ def test_recount_names_n_from_fewer_conditions_and_stale_counts():
         return memo.setdefault(len(study.runs), recount(study))
 
     expect_fail(checks.check_recount(by_size), "remembers an earlier call", "no cache")
+
+
+# ------------------------------------------------------------------ held-out gallery of issues 32/34: more named slips
+
+
+def ablated_first_head_only(model, tokens, heads, how, reference, generator=None):
+    """Replaces heads[0] alone (a loop that returns after its first head)."""
+    return ablated(model, tokens, list(heads)[:1], how, reference, generator)
+
+
+def ablated_pick_from_the_batch(model, tokens, heads, how, reference, generator=None):
+    """Resamples with torch.randint(B, ...): the number of evaluated sentences where M belongs."""
+    at_cls = _ref_cls(model, reference)[:, list(heads)]  # (M, k, d_k)
+    if how == "mean":
+        return _write(model, tokens, list(heads), at_cls.mean(0))
+    pick = torch.randint(tokens.size(0), (tokens.size(0),), generator=generator)
+    return _write(model, tokens, list(heads), at_cls[pick.to(at_cls.device)])
+
+
+def ablated_pick_left_on_the_cpu(model, tokens, heads, how, reference, generator=None):
+    """Indexes the device's outputs with a CPU pick: PyTorch allows a CPU index tensor, also on a GPU."""
+    at_cls = _ref_cls(model, reference)[:, list(heads)]
+    if how == "mean":
+        return _write(model, tokens, list(heads), at_cls.mean(0))
+    pick = torch.randint(reference.size(0), (tokens.size(0),), generator=generator)
+    return _write(model, tokens, list(heads), at_cls[pick])
+
+
+def test_ablated_logits_names_a_partial_replacement_and_a_draw_from_the_batch():
+    expect_fail(checks.check_ablated_logits(ablated_first_head_only), "only some of the heads in `heads`")
+    expect_fail(checks.check_ablated_logits(ablated_pick_from_the_batch), "drawn from [0, B)",
+                "not of reference sentences")
+    expect_pass(checks.check_ablated_logits(ablated_pick_left_on_the_cpu))
+    expect_pass(checks.check_ablated_logits(ablated))
+
+
+def test_a_hook_left_behind_is_named_without_a_wrong_cause():
+    def reads_and_leaves_its_hook(model, tokens):
+        model.layers[0].feed_forward.register_forward_hook(lambda m, a, out: None)  # only reads, never removed
+        return attribution(model, tokens)
+
+    result = checks.check_logit_attribution(reads_and_leaves_its_hook)
+    expect_fail(result, "left a hook registered on the model (on layers.0.feed_forward)", "still runs it")
+    assert "replaces the head" not in str(result)
+
+
+def recount_untrained_head_for_its_role_too(study):
+    k = n = 0
+    for run in study.runs:
+        if run.get("replica") or run["num_heads"] != 2:
+            continue
+        accuracy, base = run["heads"]["accuracy"], run["baselines"]
+        if min(accuracy["negated"], accuracy["plain"]) < base["learned_at"]:
+            continue
+        before = run["untrained"]["cls_to_not"]
+        h = before.index(max(before))  # the negation head picked before training
+        if run["heads"]["cls_to_not"][h] < base["role"]:
+            continue
+        n += 1
+        k += before[h] > before[1 - h]
+    return k, n
+
+
+def recount_every_run(study):
+    runs = study.runs
+    lead = sum(all(r["untrained"]["cls_to_not"][max(range(r["num_heads"]), key=r["heads"]["cls_to_not"].__getitem__)]
+                   > v for i, v in enumerate(r["untrained"]["cls_to_not"])
+                   if i != max(range(r["num_heads"]), key=r["heads"]["cls_to_not"].__getitem__)) for r in runs)
+    return lead, len(runs)
+
+
+def test_recount_names_an_untrained_negation_head_and_no_filter_at_all():
+    expect_fail(checks.check_recount(recount_untrained_head_for_its_role_too), "picked from the untrained shares",
+                "also for its role")
+    expect_fail(checks.check_recount(recount_every_run), "no run was left out", "where=")
+    expect_pass(checks.check_recount(recount))

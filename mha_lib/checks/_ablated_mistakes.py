@@ -102,6 +102,9 @@ def mistakes(model: nn.Module, tokens: Tensor, heads: list[int], how: str, refer
         ("the heads *not* in `heads` were replaced, and those listed kept their own outputs",
          lambda: with_values(chosen(cls_ref)[..., others, :], others)(),
          "Replace the heads listed in `heads` (for h in heads), and leave the others as they are."),
+        ("only some of the heads in `heads` were replaced (e.g. heads[0] alone)",
+         lambda: [with_values(chosen(cls_ref)[..., [h], :], [h])() for h in heads] if len(heads) > 1 else [],
+         "Replace every head listed in `heads` (for h in heads, or index with the whole list), not only the first."),
         ("each head's features were read as interleaved (a (d_k, H) view: head h as features h, h+H, ...)",
          lambda: _interleaved(model, tokens, heads, chosen(interleaved)[..., heads, :]),
          "W_o's input holds the heads side by side: head h owns features [h*d_k, (h+1)*d_k), so view it as "
@@ -246,6 +249,9 @@ def named_draw(model: nn.Module, tokens: Tensor, heads: list[int], reference: Te
                    "drawn", draw(state, M - 1, (B,))),
                   ("pick was drawn from [1, M): the first reference sentence is never drawn", from_one),
                   ("the generator was drawn from twice (pick is the second draw)", twice)]
+    if B < M:  # torch.randint(B, ...): the number of evaluated sentences where the reference's M belongs
+        candidates.append(("pick was drawn from [0, B) (torch.randint(tokens.size(0), ...)): its upper end is the "
+                           "number of evaluated sentences, not of reference sentences", draw(state, B, (B,))))
     for name, pick in candidates:
         if bool(fits[pick, torch.arange(B)].all()):
             return f"wrong logits ({label}): it looks like {name}"

@@ -74,12 +74,16 @@ def _hint(error: BaseException, line: str, transposed: list[tuple[str, tuple[int
     if isinstance(error, RuntimeError) and re.search(r"\.T\b", line):
         matrices = [(name, shape) for name, shape in transposed or () if len(shape) == 2]
         if matrices and len(matrices) == len(transposed or ()):
-            name, shape = matrices[0]
-            return (f"{name} is a matrix {shape}, already laid out as the product needs: {name}.T turns it "
-                    f"into {shape[::-1]}, which no longer fits. The transpose is the mistake here: drop the .T "
-                    f"(use {name} as given, e.g. x @ {name}).")
-        return ("On a tensor with more than two axes .T reverses all of them: to swap the last two axes use "
-                ".transpose(-2, -1) (or .mT).")
+            rectangular = [(name, shape) for name, shape in matrices if shape[0] != shape[1]]
+            if rectangular:
+                name, shape = rectangular[0]
+                return (f"{name} is a matrix {shape}, already laid out as the product needs: {name}.T turns it "
+                        f"into {shape[::-1]}, which no longer fits. The transpose is the mistake here: drop the .T "
+                        f"(use {name} as given, e.g. x @ {name}).")
+            # only square matrices are transposed here: .T keeps their shape, so the mismatch is elsewhere
+        else:
+            return ("On a tensor with more than two axes .T reverses all of them: to swap the last two axes use "
+                    ".transpose(-2, -1) (or .mT).")
     if isinstance(error, RuntimeError) and ".view(" in line:
         return (".view() needs sizes that multiply to the tensor's size, and a contiguous tensor: a transposed "
                 "tensor isn't one. Call .contiguous() before .view(), or use .reshape().")
@@ -89,6 +93,9 @@ def _hint(error: BaseException, line: str, transposed: list[tuple[str, tuple[int
     if isinstance(error, (RuntimeError, ValueError)) and ("@" in line or "matmul" in line or "einsum" in line):
         return ("The shapes don't fit. Print the shape of every intermediate tensor; a matrix product (..., n, m) "
                 "@ (..., m, p) needs the same m.")
+    if isinstance(error, IndexError) and "[" in line:
+        return ("An index is past the end: positions, heads and layers count from 0, so the last of n is n - 1 "
+                "(a 1-based index such as [layer + 1] or [L] is one too far). Print the sizes of what you index.")
     return "Call it yourself on small inputs and read the full traceback."
 
 

@@ -45,6 +45,15 @@ MISTAKES: list[tuple[str, dict[str, Any], Any, str]] = [
      "after training was compared with its own share before", {}, [dict(head_from="untrained"), dict(grew=True)],
      "Find the negation head after training (findings.negation_head_of(run)), then compare the two heads' shares "
      "on 'not' *before* training, run['untrained']['cls_to_not']: does the future negation head lead already?"),
+    ("the negation head was picked from the untrained shares (run['untrained']['cls_to_not']), also for its role",
+     dict(head="untrained"), dict(head_from="untrained"),
+     "The negation head is the one with the larger *trained* share on 'not', run['heads']['cls_to_not'] "
+     "(findings.negation_head_of(run)); its role is tested on that trained share; only the comparison that asks "
+     "whether it led reads the untrained shares."),
+    ("no run was left out: every run of the study was counted (replicas, other numbers of heads, runs that did "
+     "not learn, negation heads without a role)", dict(replicas=True, heads=None, need_learned=False, role=None), {},
+     "Keep only the runs the question is about: independent(run) (no replica, two heads), learned(run), and a "
+     "negation head whose trained share on 'not' is at least run['baselines']['role'] (study.count(..., where=...))."),
     ("a tie before training was counted as leading (>= instead of >)", {}, dict(ties=True),
      "'Already larger' is strict: with equal untrained shares the negation head did not lead; compare with >."),
     ("'learned' was tested with > learned_at: a run exactly at the threshold was left out", dict(strict="learned"), {},

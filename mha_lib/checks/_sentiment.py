@@ -112,8 +112,9 @@ def call_leaving_model_alone(fn: Callable[..., Any], model: nn.Module, *args: An
                    "switches them back on when the block ends; torch.set_grad_enabled(False) does not.")
     now = _hooks(model)
     if now - hooks:
-        raise fail("your function left a hook registered on the model: every later forward pass still replaces "
-                   "the head", "Keep the handle that register_forward_pre_hook returns and call handle.remove() in "
+        where = sorted(now - hooks)[0][0] or "the model itself"
+        raise fail(f"your function left a hook registered on the model (on {where}): every later forward pass "
+                   "still runs it", "Keep the handle that register_forward_pre_hook returns and call handle.remove() in "
                    "a `finally:` block (or use a `with` block that removes it), also after an error.")
     if hooks - now:
         raise fail("your function removed a hook that it did not add (the model had one before the call)",

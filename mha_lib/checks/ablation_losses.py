@@ -134,6 +134,11 @@ def check_ablation_losses(fn: Callable[[AttentionOnlyTransformer, RepeatBatch], 
             if isinstance(out, Tensor) and tuple(out.shape) == (layers * H,):
                 raise fail(f"{what} have shape {(layers * H,)}, expected (num_layers, H) = {(layers, H)}",
                            "One row per layer: torch.stack the rows, or .reshape(num_layers, H).")
+            if isinstance(out, Tensor) and tuple(out.shape) == (2, 4) and (layers, H) != (2, 4):
+                raise fail(f"{what} have shape (2, 4), the shipped model's (2 layers, 4 heads), expected "
+                           f"(num_layers, H) = {(layers, H)}: it looks like the sizes were typed in",
+                           "Read the sizes from the model: for layer in model.layers, for h in range(layer.num_heads) "
+                           "(or len(model.layers) and model.num_heads).")
             expect_score_dtype(out, c["dtype"], what, of="a model",
                                build="torch.stack the loss tensors into rows, and the rows into a table.")
             out = expect_tensor(out, what, (layers, H), dtype=c["dtype"], explain=" (num_layers, H)")
@@ -203,6 +208,10 @@ def _ablation_mistakes(model: AttentionOnlyTransformer, batch: RepeatBatch, expe
          "Compute the logits *inside* `with silence_heads(model.layers[l], [h]):`."),
         ("each entry silences the whole layer", each(lambda l, h: [(l, list(range(H)))]),
          "Silence one head at a time: silence_heads(model.layers[l], [h]), a list holding only h."),
+        ("the silenced heads added up: entry [l, h] silences heads 0 ... h of layer l together, not head h alone",
+         each(lambda l, h: [(l, list(range(h + 1)))]),
+         "Silence one head at a time, with a fresh list each time: silence_heads(model.layers[l], [h]) (a list "
+         "that grows as the loop goes silences more and more heads)."),
         ("every row silences the heads of layer 0 (model.layers[0] instead of model.layers[l])",
          each(lambda l, h: [(0, [h])]), "Row l silences the heads of model.layers[l]."),
         ("the loss over all tokens, not only the predictable ones", each(one, which=0),

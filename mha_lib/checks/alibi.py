@@ -206,6 +206,19 @@ def _alibi_verdict(out: Tensor, H: int, L: int, where: str) -> Verdict:
     return diagnose(out, [], message, ALIBI_DEFINITION, expected=expected, dim=0, axis="head")
 
 
+def _stale_bias(out: Any, earlier: list[tuple[int, int, Tensor]], H: int, L: int, where: str) -> None:
+    """Fail when ``out`` is an earlier call's bias for other arguments (a result kept from call to call)."""
+    if not isinstance(out, Tensor) or tuple(out.shape) == (H, L, L):
+        return
+    for h, l, t in earlier:
+        if out.shape == t.shape and torch.equal(out.detach().cpu(), t):
+            raise fail(f"the bias {where} has shape {tuple(out.shape)}: it is the bias of an earlier call "
+                       f"(num_heads={h}, seq_len={l}): it looks like a result kept from an earlier call, "
+                       "keyed on some of the arguments only",
+                       "Keep nothing from one call to the next (no cache keyed on num_heads alone): compute the bias "
+                       "for this call's num_heads and seq_len, or key a cache on every argument.")
+
+
 def check_alibi_bias(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(num_heads, seq_len, device=None) -> bias``: ALiBi's float32 ``(H, L, L)`` bias
     ``-m_h · |i - j|`` with the paper's slopes (:func:`mha_lib.alibi_slopes`), for powers of two and
@@ -213,10 +226,14 @@ def check_alibi_bias(fn: Callable[..., Any]) -> CheckResult:
 
     def body() -> str:
         forbidden = [_positions.alibi_bias, _positions.alibi_slopes]
-        cases = [(4, 6), (8, 5), (2, 7), (16, 3), (1, 4), (6, 5), (3, 7), (12, 4)]
+        # (4, 3) and (6, 8) ask again for a number of heads already asked for, with another length: a result
+        # kept from an earlier call (a cache keyed on num_heads only) shows
+        cases = [(4, 6), (8, 5), (2, 7), (16, 3), (1, 4), (6, 5), (3, 7), (12, 4), (4, 3), (6, 8)]
+        earlier: list[tuple[int, int, Tensor]] = []
         for H, L in cases:
             where = f"for num_heads={H}, seq_len={L}"
             out = call(fn, H, L, what=f"your function (num_heads={H}, seq_len={L})", forbidden=forbidden)
+            _stale_bias(out, earlier, H, L, where)
             _alibi_shape_mistake(out, H, L, where)
             out = expect_tensor(out, f"the bias {where}", (H, L, L), dtype="any",
                                 explain=" (num_heads, seq_len, seq_len)")
@@ -224,6 +241,7 @@ def check_alibi_bias(fn: Callable[..., Any]) -> CheckResult:
             out = out.cpu()
             if not close(out, _positions.alibi_bias(H, L)):
                 raise _alibi_verdict(out, H, L, where)
+            earlier.append((H, L, out.clone()))
         H, L = 4, 6
         what = f"your function (num_heads={H}, seq_len={L}, device=torch.device('meta'))"
         there = ("with device=torch.device('meta') (a device that holds shapes but no numbers, which the check uses "
@@ -238,17 +256,24 @@ def check_alibi_bias(fn: Callable[..., Any]) -> CheckResult:
                 # A device-careful answer that reads numbers back (.item(), .tolist()) works on a GPU; the
                 # stand-in device only holds shapes. The device is then checked by what it was asked to create.
                 return (f"correct on {len(cases)} cases ({', '.join(str(h) for h, _ in cases)} heads, lengths 3 "
-                        "to 7); device= accepted (your function reads numbers back from a tensor on the device, "
+                        "to 8); device= accepted (your function reads numbers back from a tensor on the device, "
                         "which the check's stand-in device can't hold, so the device was not checked further)")
             text = str(error).strip().splitlines()[0] if str(error).strip() else ""
             line = describe_error(error, what).message if not isinstance(error, NotImplementedError) else \
                 f"{what} raised NotImplementedError: {text}"
             raise Verdict(ERROR, f"{line} (right on the CPU: it is the device that fails)", DEVICE_HINT) from None
         if isinstance(out, Tensor) and out.device != _META:
+            if any(h == H and l == L and out.shape == t.shape and torch.equal(out.detach().cpu(), t)
+                   for h, l, t in earlier):
+                raise fail(f"the bias asked for {there} is on {out.device}, and it is the tensor an earlier call "
+                           f"(num_heads={H}, seq_len={L}, on the CPU) returned: it looks like a result kept from an "
+                           "earlier call, kept without its device",
+                           "Keep nothing from one call to the next, or key a cache on every argument, device "
+                           "included (functools.lru_cache on the whole signature). " + DEVICE_HINT)
             raise fail(f"the bias asked for {there} is on {out.device}: the argument device was ignored", DEVICE_HINT)
         out = expect_tensor(out, f"the bias {there}", (H, L, L), dtype="any", explain=" (num_heads, seq_len, seq_len)")
         _alibi_dtype(out, there)
-        return (f"correct on {len(cases)} cases ({', '.join(str(h) for h, _ in cases)} heads, lengths 3 to 7), "
+        return (f"correct on {len(cases)} cases ({', '.join(str(h) for h, _ in cases)} heads, lengths 3 to 8), "
                 "and on another device")
 
     return run_check("alibi_bias", body)

@@ -103,6 +103,10 @@ def _circuit_mistakes(p: _Pieces) -> list[Mistake]:
         ("the slice head : head + d_k instead of head * d_k : (head + 1) * d_k",
          lambda: p.circuit(Wv=W_v[p.rows(0, start=h)], Wo=W_o[:, p.rows(0, start=h)]),
          "Head h owns the d_k features h * d_k ... (h + 1) * d_k - 1: slice(head * d_k, (head + 1) * d_k)."),
+        ("an empty slice (e.g. the rows of head + 1, past the last head): the circuit is all zeros",
+         lambda: torch.zeros_like(C),
+         "Head h's rows of W_v and columns of W_o are h * d_k ... (h + 1) * d_k - 1 (heads count from 0): "
+         "slice(head * d_k, (head + 1) * d_k)."),
         ("the head of the other layer", lambda: [p.circuit(layer=l) for l in range(len(p.attention)) if l != p.layer],
          "Use model.layers[layer]: the layer you are given."),
         ("the whole layer's OV circuit (every head), not one head's", lambda: p.W_U @ W_o @ W_v @ p.E.T,
@@ -137,6 +141,8 @@ def _score_mistakes(p: _Pieces, model: CheckModel, layer: int, head: int) -> lis
         ("the diagonal was compared with its row, not its column", lambda: [share(C.T)],
          "Column b holds what attending to token b does to every logit: compare circuit[b, b] with the rest of column "
          "b, circuit.argmax(dim=0) == b."),
+        ("a percentage (100 times the share)", lambda: [100 * share(C)],
+         "Return the share itself, a number between 0 and 1 (baseline 1 / V), not a percentage."),
         ("the number of tokens, not their share", lambda: [float((C.argmax(0) == own).sum())],
          "Divide by V: the share is a number between 0 and 1, comparable across vocabularies (baseline 1 / V)."),
         ("the share of positive diagonal entries, not of tokens whose own logit is the highest",

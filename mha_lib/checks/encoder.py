@@ -67,11 +67,12 @@ def _encoder_mistakes(layer: nn.Module, x: Tensor, mask: Tensor | None, earlier:
         y = n1(x + sa(x))
         return n2(y + ff(y))
 
-    def residual_from_normalized() -> Tensor:
+    def residual_from_normalized() -> list[Tensor]:
         h = n1(x)
-        y = h + sa(h)
+        y = h + sa(h)  # the attention's residual from norm1(x)
         h2 = n2(y)
-        return h2 + ff(h2)
+        z = x + sa(h)  # the right first sublayer
+        return [h2 + ff(h2), y + ff(n2(y)), n2(z) + ff(n2(z))]  # both, the first only, the second only
 
     def ff_first() -> list[Tensor]:
         out = []
@@ -106,6 +107,15 @@ def _encoder_mistakes(layer: nn.Module, x: Tensor, mask: Tensor | None, earlier:
          lambda: (lambda y: y + ff(n2(y)))(sa(n1(x))), "Add the input back: x = x + self_attn(...)."),
         ("the feed-forward sublayer has no residual connection", lambda: ff(n2(x + sa(n1(x)))),
          "Add the input back: x = x + feed_forward(norm2(x))."),
+        ("the feed-forward sublayer is missing: the output is x + self_attn(norm1(x)) alone",
+         lambda: x + sa(n1(x)), "Both sublayers, one after the other: then x = x + feed_forward(norm2(x))."),
+        ("the attention sublayer is missing: the output is x + feed_forward(norm2(x)) alone",
+         lambda: [x + ff(n2(x)), x + ff(n1(x))],
+         "Both sublayers, one after the other: first x = x + self_attn(h, h, h, mask=mask) with h = norm1(x)."),
+        ("only the queries were normalized: the attention's keys and values read x itself",
+         lambda: [right_with(lambda h: attn(h, x, x, mask=mask)), right_with(lambda h: attn(h, h, x, mask=mask))],
+         "Self-attention of the normalized copy: self_attn(h, h, h, mask=mask) with h = norm1(x), the same h "
+         "for the queries, keys and values."),
         ("norm1 was used for both sublayers", lambda: (lambda y: y + ff(n1(y)))(x + sa(n1(x))),
          "Each sublayer has its own LayerNorm: norm2 before the feed-forward network."),
         ("the attention's heads were never projected by W_o", lambda: right_with(no_w_o),
@@ -116,6 +126,16 @@ def _encoder_mistakes(layer: nn.Module, x: Tensor, mask: Tensor | None, earlier:
         ("an earlier call's result came back (the layer's weights or the input changed since)", lambda: earlier,
          "Keep nothing from one call to the next: compute from this call's x, every time."),
     ]
+
+
+def _one_tensor(out: Any, what: str, name: str) -> None:
+    """Fail naming a pair (e.g. ``(output, weights)``) where the exercise asks for the output alone."""
+    if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], Tensor):
+        second = f"Tensor {tuple(out[1].shape)}" if isinstance(out[1], Tensor) else type(out[1]).__name__
+        raise fail(f"{what} returned a pair (Tensor {tuple(out[0].shape)}, {second}); the exercise asks for the "
+                   "output alone, (B, L, d_model)",
+                   f"End with return {name}: a layer that returns a pair can't be stacked or fed to the next one "
+                   "(the attention weights, if you want them, are another function's job).")
 
 
 def check_encoder_layer(cls: Any) -> CheckResult:
@@ -171,8 +191,7 @@ def check_encoder_layer(cls: Any) -> CheckResult:
             (arg,) = cloned(x)
             out = call_leaving_model_alone(forward, layer, arg, mask, what=f"your forward ({label})")
             check_unchanged(["x"], [x], [arg], "your forward")
-            if isinstance(out, (tuple, list)) and len(out) == 2:
-                out = out[0]
+            _one_tensor(out, f"your forward ({label})", "x")
             if isinstance(out, Tensor) and earlier and out.shape != x.shape \
                     and any(out.shape == t.shape for t in earlier):
                 raise fail(f"the output ({label}) has the shape {tuple(out.shape)} of an earlier call's, for an "
@@ -267,6 +286,22 @@ def _head_ablation_mistakes(mha: nn.Module, x: Tensor, head: int, earlier: list[
         h[index] = 0
         return mha.W_o(mha_heads.combine_heads(h))
 
+    def on_scores(scale: float) -> Tensor:
+        q, k, v = (mha_heads.split_heads(layer(x), H) for layer in (mha.W_q, mha.W_k, mha.W_v))
+        h = ((q @ k.transpose(-2, -1) / scale).softmax(-1) @ v).clone()
+        h[:, head] = 0
+        return mha.W_o(mha_heads.combine_heads(h))
+
+    def keep_only() -> Tensor:
+        h = torch.zeros_like(heads)
+        h[:, head] = heads[:, head]
+        return mha.W_o(mha_heads.combine_heads(h))
+
+    def other_widths() -> list[Tensor]:
+        D = H * d_k
+        return [out_with(zeroed((..., slice(head * w, (head + 1) * w)))) for w in range(1, D + 1)
+                if D % w == 0 and w != d_k and head * w < D]
+
     return [
         ("nothing was silenced", lambda: full, "Zero head h's features [h*d_k, (h+1)*d_k) before W_o."),
         ("the head's queries were zeroed instead of its output (a head without queries still attends, "
@@ -298,6 +333,21 @@ def _head_ablation_mistakes(mha: nn.Module, x: Tensor, head: int, earlier: list[
          lambda: out_with(zeroed((slice(None), head))),
          "The concatenated heads are (B, L, H*d_k): the head's slice is on the last axis, "
          "concat[..., h*d_k:(h+1)*d_k]."),
+        ("the scores were not scaled by 1/sqrt(d_k)", lambda: on_scores(1.0),
+         "Divide the scores by sqrt(d_k) before the softmax, as the module does (or call "
+         "scaled_dot_product_attention, which does it)."),
+        ("the scores were divided by d_k instead of sqrt(d_k)", lambda: on_scores(float(d_k)),
+         "Divide the scores by sqrt(d_k) (math.sqrt(d_k) or d_k ** 0.5), not by d_k."),
+        ("W_o's bias was left out (concat @ W_o.weight.T without + W_o.bias)",
+         lambda: out_with(zeroed((..., slice(head * d_k, (head + 1) * d_k)))) - mha.W_o.bias,
+         "Apply the whole output projection, bias included: mha.W_o(concat), not concat @ mha.W_o.weight.T."),
+        ("only head h was kept: the other heads were zeroed instead",
+         keep_only,
+         "Silence head h alone: zero its features [h*d_k, (h+1)*d_k) and keep every other head."),
+        ("a slice of the wrong width was zeroed, as if the module had another number of heads (d_k taken from "
+         "the example, not from the module)", other_widths,
+         f"Read the sizes from the module: d_k = mha.d_k (here {d_k}, with {H} heads), not a number from the "
+         "example."),
         ("the head's output was zeroed at the first position only",
          lambda: on_heads((slice(None), head, 0)), "Zero the head at every position: heads[:, h] = 0."),
         ("an earlier call's result came back (a result kept from call to call: the module's weights or the input "
@@ -375,8 +425,7 @@ def check_head_ablation(fn: Callable[..., Any]) -> CheckResult:
                                    "leaving the weights as they are.") from None
                     raise
                 check_unchanged(["x"], [x], [arg], "your function")
-                if isinstance(out, (tuple, list)) and len(out) == 2:
-                    out = out[0]
+                _one_tensor(out, f"your function ({label})", "output")
                 with torch.no_grad():
                     expected = _silenced(mha, x, head)
                     if isinstance(out, Tensor) and earlier and out.shape != x.shape \

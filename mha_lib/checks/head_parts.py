@@ -224,6 +224,11 @@ def _mistakes(p: _Pieces) -> list[Mistake]:
          lambda: [stack(t + pos, pos, b), stack(t + pos, zero, b)],
          "Split x_j = E[t_j] + P_j: the token part reads E[t_j] only (model.token_embedding(tokens), not "
          "model.embed(tokens)), the position part P_j only."),
+        ("the position part read the wrong rows of the position table (reversed, or its last L rows), not its "
+         "first L",
+         lambda: [p.triple(P=p.P.flip(0))] + ([p.triple(P=p.table[-L:])] if p.table.size(0) > L else []),
+         "Position j reads row j of model.position_embedding: the first L rows, in order, "
+         "model.position_embedding[:L]."),
         ("the parts are in the wrong order",
          lambda: [torch.stack([(t, pos, b)[i] for i in order]) for order in itertools.permutations(range(3))
                   if order != (0, 1, 2)],
@@ -286,6 +291,20 @@ def _compare(out: Any, model: CheckModel, tokens: Tensor, head: int, label: str)
     raise _diagnose(parts, p, label)
 
 
+def _stale_parts(out: Any, earlier: list[tuple[list[Tensor], str]], tokens: Tensor, D: int, label: str) -> None:
+    """Fail when the parts are those of an earlier call (with other arguments): a result kept from call to call."""
+    if not isinstance(out, (tuple, list)) or not all(isinstance(x, Tensor) for x in out):
+        return
+    for parts, then in earlier:
+        if len(parts) == len(out) and all(x.shape == y.shape and torch.equal(x.detach(), y) for x, y in zip(out, parts)):
+            B, L = tokens.shape
+            raise fail(f"your function ({label}) returned the parts it returned for an earlier call ({then}), "
+                       f"shape {tuple(parts[0].shape)} where this call's are {(B, L, D)}: it looks like a result kept "
+                       "from call to call (e.g. a cache keyed on the head only)",
+                       "Compute the parts from the model, tokens and head you are given, every call: no cache, no "
+                       "global variable, nothing kept from an earlier call.")
+
+
 def check_head_parts(fn: Callable[[CheckModel, Tensor, int], Any]) -> CheckResult:
     """Check ``fn(model, tokens, head) -> (token, position, bias)``, each ``(B, L, D)`` in the model's
     dtype: layer 1's head ``head`` output split into ``A @ E W_v^h.T W_o^h.T``, ``A @ P W_v^h.T W_o^h.T``
@@ -309,6 +328,7 @@ def check_head_parts(fn: Callable[[CheckModel, Tensor, int], Any]) -> CheckResul
              "an untrained 2-head model, float32, evaluation mode, a frozen embedding, head 0, L = 7"),
             (trained, batch.tokens, 1, witnesses[2], "the shipped trained model, training mode, head 1"),
         ]
+        earlier: list[tuple[list[Tensor], str]] = []
         try:
             for number, (model, tokens, head, witness, label) in enumerate(cases):
                 try:
@@ -326,9 +346,11 @@ def check_head_parts(fn: Callable[[CheckModel, Tensor, int], Any]) -> CheckResul
                                "so the attention weights were random",
                                "Evaluate in evaluation mode: was_training = model.training; model.eval(); ... and, in "
                                "a `finally:` block, model.train(was_training).")
+                _stale_parts(out, earlier, tokens, model.d_model, label)
                 _compare(out, model, tokens, head, label)
+                earlier.append(([x.detach().clone() for x in _unpack(out, label)], cases[number][4]))
                 if number == 0:
-                    before = [x.detach().clone() for x in _unpack(out, label)]
+                    before = earlier[0][0]
             # The weights change between two calls on the same model: nothing may be remembered from the first.
             with torch.no_grad():
                 first.layers[0].W_v.weight.mul_(-0.7)

@@ -134,6 +134,10 @@ def _previous_mistakes(w: Tensor) -> list[Mistake]:
          "Average over the batch and the queries (.mean), so that a perfect previous-token head scores 1."),
         ("one score per sequence (averaged over the heads) instead of per head", lambda: d.mean(dim=(1, 2)),
          "Keep the head axis (dim 1): average over dims 0 (batch) and 2 (queries)."),
+        ("the queries were counted with a number typed in, not L - 1 read from the weights",
+         lambda: [total / (B * c) for c in range(1, 4 * L + 64) if c not in (L - 1, L)],
+         f"Read the length from the weights, L = weights.size(-1) (here {L}), and divide by L - 1 queries per "
+         "sequence; or let .mean() count them."),
     ]
 
 
@@ -224,6 +228,14 @@ def _induction_mistakes(w: Tensor, batch: RepeatBatch) -> list[Mistake]:
          lambda: [_pooled(w, batch.predictable, t - s + f + 1), _pooled(w, batch.predictable, t - s + f)],
          "batch.predictable marks the tokens that are *predicted*; the queries that predict them sit one position "
          "earlier: second + i for i = 0 ... n - 2."),
+        ("the key is one position off: first + i + 2 or first + i - 1 instead of first + i + 1",
+         lambda: [_pooled(w, queries, keys + 1), _pooled(w, queries, keys - 2)],
+         "Query second + i holds the same token as first + i; the induction head looks at the token after it, "
+         "key first + i + 1."),
+        ("the copy's length was taken as one number for every row (a length typed in), not batch.length",
+         lambda: [_pooled(w, (t >= s) & (t <= s + c - 2) & (t + (f - s) + 1 < L), t - s + f + 1)
+                  for c in range(2, L + 1)],
+         "Each row has its own length: use batch.length (with batch.first and batch.second), row by row."),
         ("every query on the offset diagonal, not only the second copy's",
          lambda: _pooled(w, (offset_keys >= 0) & (offset_keys <= t), offset_keys),
          "Only the second copy's queries have an earlier occurrence to look at: average over second + i, "

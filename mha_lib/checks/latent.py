@@ -110,7 +110,8 @@ def _check_w_uk(W_uk: Any, w: dict[str, Tensor], H: int, d_k: int, d_latent: int
         return
     mistakes: list[Mistake] = [
         ("the weight was transposed before being cut per head (W_uk.weight.T.reshape(H, d_k, d_latent))",
-         lambda: uk["transposed first"], "No transpose is needed. " + W_UK_DEFINITION),
+         lambda: [uk["transposed first"], w["W_uk"].T.reshape(H, d_latent, d_k).transpose(1, 2)],
+         "No transpose is needed. " + W_UK_DEFINITION),
         ("each head's block was cut as (d_latent, d_k) and then transposed (view(H, d_latent, d_k).transpose(1, 2))",
          lambda: uk["blocks transposed"], W_UK_DEFINITION),
         ("the heads were split in the wrong order: head h got rows h, h + H, h + 2H, ... (view(d_k, H, d_latent) "
@@ -220,7 +221,7 @@ def _sized_from_elsewhere(fn: Callable[..., Any], mla: MultiHeadLatentAttention,
                           where: str, verdict: Verdict) -> Verdict:
     """The verdict for an error on a module of new sizes after right answers on others: sizes written as numbers
     (the example's, the first module's) instead of read from the module, when the error says sizes don't fit."""
-    if verdict.status != ERROR or not passed:
+    if verdict.status != ERROR:
         return verdict
     try:
         fn(mla)
@@ -232,6 +233,16 @@ def _sized_from_elsewhere(fn: Callable[..., Any], mla: MultiHeadLatentAttention,
         return verdict
     H, d_k, d_latent = mla.num_heads, mla.d_k, mla.d_latent
     shown = f" (your shape [{match.group(1)}])" if match.group(1) else ""
+    if not passed:  # the first module: sizes typed in show as numbers that are none of this module's
+        own = {H, d_k, d_latent, mla.d_model, H * d_k, -1}
+        typed = [int(v) for v in (match.group(1) or "").replace(" ", "").split(",") if v]
+        if not typed or all(v in own for v in typed):
+            return verdict
+        return fail(f"{verdict.message}{shown}: it looks like sizes written as numbers ({', '.join(map(str, typed))}) "
+                    f"instead of read from the module (here H={H}, d_k={d_k}, d_latent={d_latent})",
+                    "Read every size from the module you are given: H, d_k, d_latent = mla.num_heads, mla.d_k, "
+                    "mla.d_latent (or -1 for one of them in .view): the check hands over modules of other sizes than "
+                    "the example's. .contiguous() or .reshape() would not help: the numbers are wrong.")
     earlier = " or ".join(f"(H, d_k, d_latent) = {p}" for p in passed)
     return fail(f"{verdict.message}: your function was right for {earlier} but fails here{shown}: it looks like "
                 f"sizes written as numbers, taken from the example, not from the module (here H={H}, d_k={d_k}, "
@@ -280,6 +291,12 @@ def check_absorb_up_projections(fn: Callable[[MultiHeadLatentAttention], Any]) -
                                    "them (no .copy_(), .mul_() or assignments to .data).") from None
                     raise _sized_from_elsewhere(fn, mla, passed, where, verdict) from None
                 W_uk, W_ov = unpack_pair(result, "your function", "W_uk", "W_ov")
+                if isinstance(W_uk, Tensor) and _shape(W_uk) != (H, d_k, d_latent) and any(
+                        _shape(W_uk) == (h, k, c) for h, k, c in passed):
+                    raise fail(f"W_uk {where} has shape {_shape(W_uk)}, the shape of an earlier call's (for another "
+                               f"module), expected {(H, d_k, d_latent)}: it looks like a result kept from an earlier "
+                               "call (a cache keyed on something that another module can share, such as id(mla))",
+                               "Compute from the module you are given, every call: keep no result between calls.")
                 with torch.no_grad():
                     expected_uk, expected_ov = (t.detach().clone() for t in mla.absorbed_weights())
                 if _shape(W_uk) == (D, H, d_latent) and _shape(W_ov) == (H, d_k, d_latent):

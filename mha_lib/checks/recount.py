@@ -36,6 +36,9 @@ def _head(run: dict[str, Any], head: str = "trained") -> int:
     """The negation head, as the question defines it ("trained"), or as a mistake picks it."""
     if head == "trained":
         return negation_head_of(run)
+    if head == "untrained":
+        before = run["untrained"]["cls_to_not"]
+        return max(range(len(before)), key=before.__getitem__)
     shares = run["heads"]["cls_to_not"] if head == "smallest" else run["heads"]["cls_shares"][head]["not"]
     pick = min if head == "smallest" else max
     return pick(range(len(shares)), key=shares.__getitem__)

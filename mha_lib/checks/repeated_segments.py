@@ -245,12 +245,24 @@ def check_repeated_segment_batch(fn: Callable[..., Any]) -> CheckResult:
                                "a fixed offset: one layer could solve it by position alone",
                                "Draw first and second per row, second anywhere in [first + n, seq_len - n], so that "
                                "only an earlier occurrence of the current token tells where the copy came from.")
+                if B >= 64 and all(s == f + n for f, s, n in found):
+                    raise fail(f"{where}: in every one of the {B} rows the second copy starts right where the first "
+                               "ends (second = first + n): second is not drawn, so the offset is always the length",
+                               "Draw second too, per row, anywhere in [first + n, seq_len - n] "
+                               "(torch.randint(first + n, seq_len - n + 1, (), generator=generator)).")
                 for name, index in (("first", 0), ("second", 1)):
-                    starts = {x[index] for x in found}
-                    if len(starts) == 1:
-                        raise fail(f"{where}: the {name} copy starts at position {starts.pop()} in every row",
+                    starts = [x[index] for x in found]
+                    if len(set(starts)) == 1:
+                        raise fail(f"{where}: the {name} copy starts at position {starts[0]} in every row",
                                    "Draw the start positions per row (a tensor of batch_size values), so that the "
                                    "copies sit anywhere in the sequence.")
+                    most = max(set(starts), key=starts.count)
+                    if B >= 64 and starts.count(most) > B // 2:
+                        raise fail(f"{where}: the {name} copy starts at position {most} in {starts.count(most)} of "
+                                   f"the {B} rows: it looks like one position was drawn for the whole batch (and "
+                                   "moved only where the row's length made it not fit)",
+                                   "Draw first and second per row (inside the loop over the rows, or tensors of "
+                                   "batch_size values), so that the copies sit anywhere in the sequence.")
                 ids = set(tokens.unique().tolist())
                 for missing, why in ((V - 1, "the last id"), (0, "id 0")):
                     if missing not in ids:

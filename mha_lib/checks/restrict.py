@@ -11,7 +11,9 @@ from torch import Tensor
 from ..multi_head import MultiHeadAttention
 from ._circuits import call_leaving_model_alone
 from ._core import (
+    ERROR,
     CheckResult,
+    Verdict,
     call,
     check_device_care,
     check_unchanged,
@@ -67,11 +69,26 @@ def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
 
     def body() -> str:
         lengths = [4, 8, 5, 7, 2]
-        for L in lengths:
+        for number, L in enumerate(lengths):
             mask = call(fn, L, what=f"your function (seq_len={L})")
+            if isinstance(mask, Tensor) and mask.dim() == 3 and mask.size(0) == 2 and mask.size(1) == mask.size(2) \
+                    and mask.size(1) != L:
+                n = mask.size(1)
+                if n in lengths[:number]:
+                    raise fail(f"the mask for seq_len={L} has shape {tuple(mask.shape)}, the shape of an earlier call's "
+                               f"(seq_len={n}): it looks like a result kept from an earlier call",
+                               "Keep nothing from one call to the next (no cache, no global variable): build the mask "
+                               "for this call's seq_len, every time.")
+                raise fail(f"the mask for seq_len={L} has shape {tuple(mask.shape)}, a mask for seq_len={n}: it looks "
+                           "like a length typed in, not the argument seq_len",
+                           "Build every size from the argument: torch.arange(seq_len), (2, seq_len, seq_len).")
             if isinstance(mask, Tensor) and tuple(mask.shape) == (L, L):
                 raise fail(f"the mask for seq_len={L} has shape {(L, L)}, expected {(2, L, L)}",
                            "One (L, L) mask per head, stacked: shape (2, L, L), head first.")
+            if isinstance(mask, Tensor) and tuple(mask.shape) == (L, L, 2) and L != 2:
+                raise fail(f"the mask for seq_len={L} has shape {(L, L, 2)}, expected {(2, L, L)}: the head axis comes "
+                           "last", "Put the heads first, (2, L, L): torch.stack([...]) on dim 0 (the default), or "
+                                   ".permute(2, 0, 1).")
             if isinstance(mask, Tensor) and tuple(mask.shape) == (2, L) and L != 2:
                 raise fail(f"the mask for seq_len={L} has shape {(2, L)}, expected {(2, L, L)}",
                            "Give every query its row: expand to (2, L, L), e.g. keys[:, None, :].expand(2, L, L).")
@@ -111,6 +128,10 @@ def check_halves_mask(fn: Callable[[int], Any]) -> CheckResult:
             for name, wrong, hint in mistakes:
                 if torch.equal(mask, wrong):
                     raise fail(f"wrong mask for seq_len={L}: {name}", hint)
+            for k in range(L + 1):
+                if torch.equal(mask, halves(L, k)):
+                    raise fail(f"wrong mask for seq_len={L}: the halves are split at key {k}, not at L//2 = {h}",
+                               "Split at seq_len // 2, read from the argument (no length typed in). " + DEFINITION)
             raise fail(f"wrong mask for seq_len={L}: {_first_wrong(mask, expected)}", DEFINITION)
         return "correct for seq_len = " + ", ".join(map(str, lengths)) + " (odd lengths included)"
 
@@ -161,7 +182,16 @@ def check_restricted_attention(fn: Callable[..., Any]) -> CheckResult:
                 B, L, _ = x.shape
                 (arg,) = cloned(x)
                 label = f"x {tuple(x.shape)}, the module in {'training' if mha.training else 'evaluation'} mode"
-                result = call_leaving_model_alone(fn, mha, arg, what=f"your function ({label})")
+                try:
+                    result = call_leaving_model_alone(fn, mha, arg, what=f"your function ({label})")
+                except Verdict as verdict:
+                    if number and verdict.status == ERROR and "in mha_lib" in verdict.message:
+                        before = cases[number - 1].size(1)
+                        raise Verdict(ERROR, f"{verdict.message} (the call before, with L = {before}, passed)",
+                                      f"{verdict.hint} A mask that fits one length and not the next: is it kept from "
+                                      "an earlier call, or built for a length typed in? Build it from x.size(1), "
+                                      "every call.") from None
+                    raise
                 check_unchanged(["x"], [x], [arg], "your function")
                 _judge(result, w, x, H, D, B, L, label)
         finally:
@@ -182,6 +212,11 @@ def _judge(result: Any, w: Any, x: Tensor, H: int, D: int, B: int, L: int, label
                    "Ask the module for its weights too: mha(x, x, x, mask=..., return_weights=True) "
                    "returns (output, weights).")
     out, weights = unpack_pair(result, "your function", "output", "weights")
+    if isinstance(out, Tensor) and isinstance(weights, Tensor) and tuple(out.shape) == (B, H, L, L) \
+            and tuple(weights.shape) == (B, L, D):
+        raise fail(f"your function returned (weights, output) for {label}: the pair is swapped",
+                   "Return them in the order the module gives them: output, weights = mha(x, x, x, mask=..., "
+                   "return_weights=True); return output, weights.")
     if weights is None:
         raise fail("your function returned (output, None); the exercise says Return (output, weights)",
                    "mha(x, x, x, mask=..., return_weights=True) returns (output, weights).")
@@ -220,6 +255,13 @@ def _judge(result: Any, w: Any, x: Tensor, H: int, D: int, B: int, L: int, label
             ("the queries were restricted instead of the keys",
              lambda: multi_head(w, x, x, x, halves(L).transpose(-2, -1), H)[0],
              "Restrict the keys (the last axis of the mask), for every query."),
+            ("the scores were not scaled by 1/sqrt(d_k)",
+             lambda: [multi_head(w, x, x, x, halves(L), H, scale="none")[0],
+                      multi_head(w, x, x, x, halves(L), H, scale="d_k")[0]],
+             "Divide the scores by sqrt(d_k) before the softmax, or let the module attend: mha(x, x, x, mask=...)."),
+            ("the halves were split at another key than L // 2 (a length other than x.size(1)?)",
+             lambda: [multi_head(w, x, x, x, halves(L, k), H)[0] for k in range(L + 1) if k != L // 2],
+             "Build the mask for this input's length, halves_mask(x.size(1)): head 0 gets keys [0, L//2)."),
             ("the mask was applied per sequence instead of per head",
              lambda: multi_head(w, x, x, x, halves(L)[:, None], H)[0],
              "A (2, 1, L, L) mask lines up with the batch axis. A per-head mask is (H, L, L) "
