@@ -911,6 +911,9 @@ plt.show()
 # Practise what this chapter built in `exercises/05_checking_against_pytorch.ipynb`; each
 # exercise checks itself and tells you what is wrong. See the README for how to start your
 # own copy.
+# Exercises 5.1 to 5.3 convert the masks and copy the weights; exercise 5.4 asks for the tests
+# themselves: a tolerance per dtype, chosen by a measurement, and a gradcheck that covers query,
+# key and value, judged by the bugs they catch and the correct code they pass.
 #
 # ## What comes next
 #

@@ -16,8 +16,9 @@
 # %% [markdown]
 # # Exercises · Chapter 05 · Checking against PyTorch
 #
-# Three exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
-# kinds of masks to PyTorch's convention, then copy a module's weights.
+# Four exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
+# kinds of masks to PyTorch's convention, copy a module's weights, then write the tests
+# themselves: a tolerance per dtype and a gradient test, judged by what they let through.
 #
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
 # **check** cell below it: it runs your code on fresh random inputs and says what is wrong, if
@@ -27,9 +28,17 @@
 
 # %%
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mha_lib.checks import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+import mha_lib
+from mha_lib import causal_mask
+from mha_lib.checks import (
+    check_attn_mask_for_torch,
+    check_copy_to_torch,
+    check_key_padding_mask_for_torch,
+    check_tolerances_and_gradients,
+)
 
 # %% [markdown]
 # ## Exercise 5.1 · An attention mask for `nn.MultiheadAttention`
@@ -103,6 +112,58 @@ def copy_to_torch(mha):
 check_copy_to_torch(copy_to_torch)
 
 # %% [markdown]
+# ## Exercise 5.4 · Tests that catch bugs and pass correct code
+#
+# Part 2 of the chapter measured rounding differences and showed a bug that a loose tolerance
+# hides, and a gradcheck that stops at the first input. Now write the tests yourself; the check
+# judges them by what they accept and reject.
+#
+# 1. `tolerance(dtype)` returns a pair `(rtol, atol)` for comparing an attention's output with
+#    `F.scaled_dot_product_attention`'s in that dtype (`torch.float64`, `torch.float32` or
+#    `torch.bfloat16`), entry by entry as `torch.allclose` does:
+#    $|a - b| \le \texttt{atol} + \texttt{rtol}\,|b|$. Choose each from a **measurement**: run
+#    `mha_lib.scaled_dot_product_attention` and `F.scaled_dot_product_attention` on inputs like
+#    the check's (unit-variance `q`, `k`, `v` up to `(1, 2, 64, 32)`, values of another size `d_v`,
+#    no mask, a causal or a padding mask), on the CPU, and look at the largest difference.
+# 2. `gradients_right(attention)` returns `True` when the gradients of `attention(query, key,
+#    value, mask=None) -> (output, weights)` are right, `False` otherwise (never raising), with
+#    `torch.autograd.gradcheck`. Make its inputs yourself: tiny, float64, on the CPU.
+#
+# The check hands your tolerance correct attentions written in other ways (other rounding) and,
+# for each dtype, the wrong ones that dtype can show: a computation done in a lower precision, a
+# leaky mask (-10 in place of -inf), scores scaled by the values' size. It hands `gradients_right`
+# three attentions with right gradients and four with a hand-written backward pass that is wrong
+# for one input (query, key or value) or forgets the mask.
+#
+# <details><summary>Hint 1</summary>
+#
+# A tolerance a few times above the largest correct difference; correct differences sit near
+# `torch.finfo(dtype).eps` times the outputs' size. One tolerance for every dtype can't work.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `gradcheck` checks only the inputs it is given, each with `requires_grad=True`: pass all three,
+# call the attention with a mask that blocks some keys, and `raise_exception=False`.
+# </details>
+
+# %%
+def tolerance(dtype):
+    raise NotImplementedError  # your code here
+
+
+def gradients_right(attention):
+    raise NotImplementedError  # your code here
+
+
+# %%
+check_tolerances_and_gradients(tolerance, gradients_right)
+
+# %%
+# your code here
+
+# %% [markdown]
+# *Your answer here (double-click this cell to edit it).*
+#
 # ## Done?
 #
 # Compare with `solutions/05_checking_against_pytorch.ipynb`, then go on to chapter 06.

@@ -21,8 +21,9 @@
 # > the same exercises, with the solutions filled in and a short discussion after each.
 # <!-- END SOLUTION -->
 #
-# Three exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
-# kinds of masks to PyTorch's convention, then copy a module's weights.
+# Four exercises that take you from `mha_lib` to `torch.nn.MultiheadAttention`: convert the two
+# kinds of masks to PyTorch's convention, copy a module's weights, then write the tests
+# themselves: a tolerance per dtype and a gradient test, judged by what they let through.
 #
 # <!-- EXERCISE ONLY
 # Fill in the code where it says `raise NotImplementedError`, run the cell, then run the
@@ -34,9 +35,17 @@
 
 # %%
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mha_lib.checks import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+import mha_lib
+from mha_lib import causal_mask
+from mha_lib.checks import (
+    check_attn_mask_for_torch,
+    check_copy_to_torch,
+    check_key_padding_mask_for_torch,
+    check_tolerances_and_gradients,
+)
 
 # %% [markdown]
 # ## Exercise 5.1 · An attention mask for `nn.MultiheadAttention`
@@ -129,6 +138,104 @@ check_copy_to_torch(copy_to_torch)
 # can say *which* part was copied wrong: the order of the three blocks, a stray `.T`, the biases
 # or `out_proj`.
 # <!-- END SOLUTION -->
+#
+# ## Exercise 5.4 · Tests that catch bugs and pass correct code
+#
+# Part 2 of the chapter measured rounding differences and showed a bug that a loose tolerance
+# hides, and a gradcheck that stops at the first input. Now write the tests yourself; the check
+# judges them by what they accept and reject.
+#
+# 1. `tolerance(dtype)` returns a pair `(rtol, atol)` for comparing an attention's output with
+#    `F.scaled_dot_product_attention`'s in that dtype (`torch.float64`, `torch.float32` or
+#    `torch.bfloat16`), entry by entry as `torch.allclose` does:
+#    $|a - b| \le \texttt{atol} + \texttt{rtol}\,|b|$. Choose each from a **measurement**: run
+#    `mha_lib.scaled_dot_product_attention` and `F.scaled_dot_product_attention` on inputs like
+#    the check's (unit-variance `q`, `k`, `v` up to `(1, 2, 64, 32)`, values of another size `d_v`,
+#    no mask, a causal or a padding mask), on the CPU, and look at the largest difference.
+# 2. `gradients_right(attention)` returns `True` when the gradients of `attention(query, key,
+#    value, mask=None) -> (output, weights)` are right, `False` otherwise (never raising), with
+#    `torch.autograd.gradcheck`. Make its inputs yourself: tiny, float64, on the CPU.
+#
+# The check hands your tolerance correct attentions written in other ways (other rounding) and,
+# for each dtype, the wrong ones that dtype can show: a computation done in a lower precision, a
+# leaky mask (-10 in place of -inf), scores scaled by the values' size. It hands `gradients_right`
+# three attentions with right gradients and four with a hand-written backward pass that is wrong
+# for one input (query, key or value) or forgets the mask.
+#
+# <details><summary>Hint 1</summary>
+#
+# A tolerance a few times above the largest correct difference; correct differences sit near
+# `torch.finfo(dtype).eps` times the outputs' size. One tolerance for every dtype can't work.
+# </details>
+# <details><summary>Hint 2</summary>
+#
+# `gradcheck` checks only the inputs it is given, each with `requires_grad=True`: pass all three,
+# call the attention with a mask that blocks some keys, and `raise_exception=False`.
+# </details>
+
+# %%
+def tolerance(dtype):
+    # BEGIN SOLUTION
+    measured = {  # (rtol, atol), from the measurement after the check
+        torch.float64: (1e-12, 1e-12),  # correct results differ by ~1e-15: 1000 times that
+        torch.float32: (1e-5, 1e-5),  # ~1e-6: 10 times that; a float16 computation is off by ~1e-3
+        torch.bfloat16: (3e-2, 3e-2),  # ~1.6e-2 (2 eps at outputs near 1): twice that
+    }
+    if dtype not in measured:
+        raise ValueError(f"no tolerance measured for {dtype}; measured: {list(measured)}")
+    return measured[dtype]
+    # END SOLUTION
+
+
+def gradients_right(attention):
+    # BEGIN SOLUTION
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64).requires_grad_()  # (B, H, Lq, d_k)
+    k = torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64).requires_grad_()  # (B, H, Lk, d_k)
+    v = torch.randn(1, 2, 5, 3, generator=g, dtype=torch.float64).requires_grad_()  # (B, H, Lk, d_v)
+    mask = causal_mask(5)[2:]  # (3, 5): query i sees keys 0 .. i + 2, never none
+    return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, mask)[0], (q, k, v),
+                                    raise_exception=False)
+    # END SOLUTION
+
+
+# %%
+check_tolerances_and_gradients(tolerance, gradients_right)
+
+# %%
+# BEGIN SOLUTION
+g = torch.Generator().manual_seed(1)
+dtypes = (torch.float64, torch.float32, torch.bfloat16)
+margin_kept = {dtype: True for dtype in dtypes}  # every correct pair within half the tolerance
+for L, mask in [(64, causal_mask(64)), (16, None), (40, mha_lib.padding_mask([40, 20]))]:
+    q = torch.randn(2, 2, L, 32, generator=g, dtype=torch.float64)  # (B, H, L, d_k)
+    k = torch.randn(2, 2, L, 32, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, L, 40, generator=g, dtype=torch.float64)  # (B, H, L, d_v)
+    for dtype in dtypes:
+        rtol, atol = tolerance(dtype)
+        args = [t.to(dtype) for t in (q, k, v)]
+        ours, _ = mha_lib.scaled_dot_product_attention(*args, mask)
+        fused = F.scaled_dot_product_attention(*args, attn_mask=mask)
+        margin_kept[dtype] &= torch.allclose(ours.double(), fused.double(), rtol=rtol / 2, atol=atol / 2)
+for dtype in dtypes:
+    rtol, atol = tolerance(dtype)
+    print(f"{str(dtype)[6:]:9s} rtol = atol = {atol:.0e}: every correct pair within half of it: {margin_kept[dtype]}")
+assert all(margin_kept.values())
+# END SOLUTION
+
+# %% [markdown]
+# <!-- BEGIN ANSWER -->
+# **Discussion.** Each tolerance sits above the largest difference measured between two correct
+# results of its dtype, and below what a real mistake changes *in that dtype*. In float64 that
+# leaves room to catch even a computation done in float32 (off by about $10^{-7}$), which
+# float32's own default tolerance would let through; in float32 a computation in float16 (off by
+# about $10^{-3}$) is caught; in bfloat16, whose rounding alone moves outputs by a few
+# thousandths, only coarser bugs can be, such as scores scaled by the values' size. The margin
+# matters: a tolerance set at exactly the largest difference you measured fails on the next
+# inputs. The gradient test passes all three inputs to `gradcheck`: the chapter's example
+# stopped at `q`, and a backward pass wrong for `k` or `v` alone would have passed a test of `q`.
+# With a mask that blocks some keys, it also tests what the backward pass does with the mask.
+# <!-- END ANSWER -->
 #
 # <!-- EXERCISE ONLY
 # ## Done?

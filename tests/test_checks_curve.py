@@ -260,3 +260,94 @@ def test_left_padded_mask_names_a_mask_made_on_the_cpu():
         return ((causal_mask(L) & real[:, None, :]) | _eye(L))[:, None]
 
     expect_fail(checks.check_left_padded_causal_mask(on_cpu), "device 'meta'", "lengths.device", status="error")
+
+
+# ------------------------------------------------------------------ 5.4 a tolerance per dtype, a gradient test
+
+TOLERANCES = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 3e-2)}
+
+
+def _inputs(*shapes, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def grads_causal(attention):
+    q, k, v = _inputs((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4))
+    return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, causal_mask(3))[0], (q, k, v),
+                                    raise_exception=False)
+
+
+def grads_both_outputs(attention):  # output and weights, 3-D, a bottom-right causal mask
+    q, k, v = _inputs((1, 3, 4), (1, 5, 4), (1, 5, 2))
+    mask = torch.ones(3, 5, dtype=torch.bool).tril(2)
+    return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, mask), (q, k, v), raise_exception=False)
+
+
+def grads_try(attention):  # gradcheck raising, caught
+    q, k, v = _inputs((2, 4, 3), (2, 4, 3), (2, 4, 3))
+    try:
+        return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, causal_mask(4))[0], (q, k, v))
+    except GradcheckError:
+        return False
+
+
+def tolerance_eps(dtype):
+    eps = torch.finfo(dtype).eps
+    return {torch.float64: (1e3 * eps, 1e3 * eps), torch.float32: (50 * eps, 50 * eps)}.get(dtype, (4 * eps, 4 * eps))
+
+
+@pytest.mark.parametrize(("tolerance", "gradients"), [
+    (TOLERANCES.get, grads_causal),
+    (tolerance_eps, grads_both_outputs),
+    (lambda d: dict(zip(("rtol", "atol"), TOLERANCES[d])), grads_try),
+], ids=["table", "epsilons", "dict+try"])
+def test_tolerances_and_gradients_pass_right_answers(tolerance, gradients):
+    expect_pass(checks.check_tolerances_and_gradients(tolerance, gradients))
+
+
+def grads_query_only(attention):
+    q, k, v = _inputs((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4))
+    k, v = k.detach(), v.detach()
+    return torch.autograd.gradcheck(lambda q: attention(q, k, v, causal_mask(3))[0], (q,), raise_exception=False)
+
+
+def grads_no_mask(attention):
+    q, k, v = _inputs((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4))
+    return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v)[0], (q, k, v), raise_exception=False)
+
+
+def grads_float32(attention):
+    q, k, v = _inputs((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4), dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, causal_mask(3))[0], (q, k, v),
+                                        raise_exception=False)
+
+
+def grads_raising(attention):
+    q, k, v = _inputs((1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4))
+    return torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, causal_mask(3))[0], (q, k, v))
+
+
+@pytest.mark.parametrize(("tolerance", "gradients", "words"), [
+    (TOLERANCES.get, grads_query_only, ["wrong for key", "covers query only", "all three"]),
+    (TOLERANCES.get, grads_no_mask, ["forgets the mask", "without a mask"]),
+    (TOLERANCES.get, grads_float32, ["are wrong; they are right", "float64"]),
+    (TOLERANCES.get, grads_raising, ["raised GradcheckError", "raise_exception=False"]),
+    (lambda d: {**TOLERANCES, torch.float64: (1.3e-6, 1e-5)}[d],
+     grads_causal, ["float64 tolerance", "computed in float32", "default for float32"]),
+    (lambda d: (3e-2, 3e-2), grads_causal, ["one tolerance for every dtype"]),
+    (lambda d: {**TOLERANCES, torch.float32: (3e-2, 3e-2)}[d], grads_causal,
+     ["float32 tolerance", "computed in float16", "too loose"]),
+    (lambda d: {**TOLERANCES, torch.bfloat16: (1.6e-2, 1e-5)}[d], grads_causal,
+     ["rejects a correct result", "bfloat16 defaults"]),
+    (lambda d: {**TOLERANCES, torch.bfloat16: (5e-2, 0.0)}[d], grads_causal, ["atol=0"]),
+    (lambda d: {**TOLERANCES, torch.bfloat16: (0.2, 0.2)}[d], grads_causal, ["accepts a wrong attention", "√d_v"]),
+    (lambda d: {**TOLERANCES, torch.float32: (1e-6, 1e-7)}[d], grads_causal, ["rejects a correct result",
+                                                                              "too tight"]),
+    (lambda d: 1e-5, grads_causal, ["expected a pair (rtol, atol)"]),
+    (TOLERANCES.get, None, ["only the tolerance was given"]),
+])
+def test_tolerances_and_gradients_name_each_mistake(tolerance, gradients, words):
+    expect_fail(checks.check_tolerances_and_gradients(tolerance, gradients), *words)

@@ -17,7 +17,7 @@ the cell's value); ``assert check_x(f)`` raises :class:`CheckFailed` with the ve
 The modules: ``_result`` (results, display), ``_calling`` (calling your code), ``_core``
 (validation, diagnosis), ``reference`` (the one reference implementation), then one
 module per topic, in the order of the chapters: ``attention`` and ``masks`` (01, 04),
-``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` (05), ``positions`` and
+``one_head`` (02), ``heads`` and ``modules`` (03, 04), ``pytorch`` and ``comparing`` (05), ``positions`` and
 ``alibi`` (06; ALiBi's known mistakes in ``_alibi_mistakes``), ``encoder``, ``ablated_logits``,
 ``logit_terms`` and ``recount`` (07; their models in ``_sentiment``), ``repeated_segments``,
 ``head_scores``, ``ablation_losses``, ``head_parts`` and ``copying`` (08; the last two share
@@ -38,6 +38,7 @@ from .masks import check_causal_mask, check_causal_padding_mask, check_left_padd
 from .modules import check_cross_attention, check_multi_head_attention
 from .one_head import check_attention_head, check_self_attention, check_sharpness_needed
 from .pytorch import check_attn_mask_for_torch, check_copy_to_torch, check_key_padding_mask_for_torch
+from .comparing import check_tolerances_and_gradients
 from .positions import check_apply_rotary, check_rotary_attention
 from .alibi import check_alibi_bias
 from .encoder import check_encoder_layer, check_head_ablation
@@ -107,5 +108,6 @@ __all__ = [
     "check_self_attention",
     "check_sharpness_needed",
     "check_split_heads",
+    "check_tolerances_and_gradients",
     "check_unit_variance_scale",
 ]
