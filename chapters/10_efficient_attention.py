@@ -407,25 +407,37 @@ if series("teaching", "peak_bytes")[0] is not None:
     teaching_slope, efficient_slope = slope(series("teaching", "peak_bytes")), slope(series("efficient", "peak_bytes"))
     assert 1.7 < teaching_slope < 2.3, teaching_slope
     assert efficient_slope < 1.6, efficient_slope  # near L's 1, far from L²'s 2
+    memory_ratio = series("teaching", "peak_bytes")[-1] / series("efficient", "peak_bytes")[-1]
+    assert memory_ratio > 8, memory_ratio  # at the largest L the order is clear, and would fail reversed
     print("memory grows like L^2 for the teaching module and far more slowly for the efficient one:", True)
 
 # %% [markdown]
-# Now time, fitted over the three longest lengths to the fastest repetitions. The asserts run
-# only on a CPU, where the slopes above were measured, and only when it was not busy:
+# Now time, fitted over the three longest lengths to the fastest repetitions, and the ratio of
+# the two modules' times at the longest length, where the order is clearest (on an idle CPU the
+# teaching module took 2.8 times as long at `L = 1024`). The asserts run only on a CPU, where
+# these were measured, and only when it was not busy:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the slopes vary a little from machine to machine; the asserts check what the text says)
+def load_is_low():
+    """Whether the 1-minute load average is below the number of cores (says so when it is not)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # not on Windows
+    if load >= (os.cpu_count() or 1):
+        print(f"timing not checked: the load average is {load:.1f} on {os.cpu_count()} cores, so the machine "
+              "was busy while timing; run this section again when it is idle")
+    return load < (os.cpu_count() or 1)
+
+
 time_slopes = {variant: slope(series(variant, "fastest")) for variant in ("teaching", "efficient", "nn.MHA")}
 for variant, value in time_slopes.items():
     print(f"slope of time against L, {variant:9s}: {value:.2f}")
-load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # 1-minute load average (not on Windows)
-if device.type == "cpu" and load < (os.cpu_count() or 1):
+time_ratio = series("teaching", "fastest")[-1] / series("efficient", "fastest")[-1]
+print(f"at L = {lengths[-1]}, the teaching module takes {time_ratio:.1f} times the efficient one's time")
+if device.type == "cpu" and load_is_low():
     assert time_slopes["teaching"] > 1.5, time_slopes  # the L x L tensors: about L², or steeper
     assert all(0 < time_slopes[v] < time_slopes["teaching"] for v in ("efficient", "nn.MHA")), time_slopes
-elif device.type == "cpu":
-    print(f"not checked: the load average is {load:.1f} on {os.cpu_count()} cores, so the machine was busy "
-          "while timing; run this section again when it is idle")
+    assert time_ratio > 1.5, time_ratio  # reversed, the efficient module would be the slow one
 
 # %% [markdown]
 # ### When the fused function stores the weights after all
@@ -433,17 +445,23 @@ elif device.type == "cpu":
 # `F.scaled_dot_product_attention` is one function with several kernels, and each kernel
 # accepts only some inputs. When no fused kernel accepts them, PyTorch quietly runs its
 # explicit "math" kernel, which computes and stores the `(B, H, Lq, Lk)` weights just like the
-# teaching module. On the CPU (PyTorch 2.13) that happens for a per-head mask of shape
-# `(H, Lq, Lk)` (the course's last chapter uses one), for dropout in a training step, and
-# for a float mask that requires grad (a learned bias). The name of `grad_fn` tells which
-# kernel ran:
+# teaching module. On the CPU (PyTorch 2.13) that happens for dropout in a training step, for a
+# float mask that requires grad (a learned bias), and for a mask of **three** dimensions: the
+# CPU's fused kernel takes a mask of two, `(Lq, Lk)`, or of four, `(B or 1, H or 1, Lq, Lk)`,
+# nothing in between. A per-head mask `(H, Lq, Lk)` is such a mask (the course's last chapter
+# uses one, and chapter 06's ALiBi and T5 biases have that shape); the same numbers seen as
+# `(1, H, Lq, Lk)`, a view, run the fused kernel. (Forced onto it with
+# `torch.nn.attention.sdpa_kernel`, PyTorch says why it refuses the 3-D mask: "Please use the
+# following attn mask shapes: 2d … 4d …".) The name of `grad_fn` tells which kernel ran:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+per_head_mask = causal_mask(L, device=device).expand(H, L, L)  # (H, L, L), one pattern per head
 cases = {
     "no mask": {},
     "(L, L) mask": {"attn_mask": causal_mask(L, device=device)},
-    "(H, L, L) mask": {"attn_mask": causal_mask(L, device=device).expand(H, L, L)},
+    "(H, L, L) mask": {"attn_mask": per_head_mask},
+    "(1, H, L, L) mask": {"attn_mask": per_head_mask[None]},  # the same numbers, a view with one more axis
     "dropout 0.1": {"dropout_p": 0.1},
     "float mask, grad": {"attn_mask": torch.zeros(L, L, device=device, requires_grad=True)},
 }
@@ -451,50 +469,75 @@ for name, kwargs in cases.items():
     kernel = F.scaled_dot_product_attention(q_leaf, k_heads, v_heads, **kwargs).grad_fn.name()
     print(f"{name:17s} {kernel}")
     if device.type == "cpu":
-        assert ("Flash" in kernel) == (name in ("no mask", "(L, L) mask")), (name, kernel)
+        assert ("Flash" in kernel) == (name in ("no mask", "(L, L) mask", "(1, H, L, L) mask")), (name, kernel)
 
 # %% [markdown]
 # The math kernel's backward pass is autograd's own (here `UnsafeViewBackward0`, the last step
-# of the explicit computation). And the memory: a training step of the efficient module at
-# `L = 1024`, without a mask and with a per-head one:
+# of the explicit computation). So `EfficientMultiHeadAttention` gives the kernel every mask with
+# four dimensions (an `(H, Lq, Lk)` one as `(1, H, Lq, Lk)`), and per-head masks and biases run
+# the fused kernel too. What that is worth, measured: a training step of the efficient module at
+# `L = 1024`, with chapter 12's mask that shows each of 2 heads one half of the keys, and with
+# ALiBi's causal bias (chapter 06), before and after. "Before" is the math kernel, which
+# `bench.Step(..., kernel="math")` forces and PyTorch chose for the 3-D mask (the two measured
+# the same peak memory, 26 MiB, for `F.scaled_dot_product_attention` at this size).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-steps = [bench.Step("efficient", "fwd+bwd", length, d_model=128, num_heads=8, device=device, mask=mask)
-         for mask in ("none", "per-head")]
-fused, per_head = bench.peak_memories(steps, device)
-if fused is not None:
-    print(f"efficient, training step: no mask {fused / 2**20:.1f} MiB, (H, L, L) mask {per_head / 2**20:.1f} MiB")
-if device.type == "cpu" and fused is not None:
-    assert per_head > 32 * 2**20 > 4 * fused  # more than one copy of the weights, against a few MiB
+# (times and memory vary by machine; memory does not depend on the load, so it is asserted everywhere on a CPU)
+head_steps = {(mask, kernel): bench.Step("efficient", "fwd+bwd", length, d_model=64, num_heads=2, device=device,
+                                         mask=mask, kernel=kernel)
+              for mask in ("halves", "alibi") for kernel in ("math", "auto")}
+head_times = bench.time_steps(head_steps, repeats=3, warmup=1, min_time=0.0)  # round robin, seconds
+head_peaks = dict(zip(head_steps, bench.peak_memories(list(head_steps.values()), device)))
+for mask in ("halves", "alibi"):
+    for kernel, label in (("math", "before (math)"), ("auto", "after (fused)")):
+        peak = head_peaks[mask, kernel]
+        peak_text = "" if peak is None else f", peak {peak / 2**20:5.1f} MiB"
+        print(f"{mask:6s} {label:13s}: {1e3 * min(head_times[mask, kernel]):6.0f} ms per training step{peak_text}")
+if device.type == "cpu" and head_peaks["halves", "math"] is not None:
+    for mask in ("halves", "alibi"):
+        assert head_peaks[mask, "auto"] < 0.7 * head_peaks[mask, "math"], (mask, head_peaks)
+if device.type == "cpu" and load_is_low():
+    for mask in ("halves", "alibi"):
+        assert min(head_times[mask, "auto"]) < min(head_times[mask, "math"]), (mask, head_times)
 
 # %% [markdown]
-# So on a CPU, `EfficientMultiHeadAttention` saves the weights' memory only where a fused
-# kernel runs: no mask or a mask that all heads share (`(L, L)`, or padding's `(B, 1, 1, L)`),
-# no dropout while training, bool masks or float masks that need no gradient.
-# `python -m mha_lib.bench --mask per-head` (or `--dropout 0.1`, `--mask float-grad`) shows
-# what the fallback costs at every length. On a GPU the kernels and their limits differ;
-# `grad_fn` tells you which one ran.
+# So on a CPU, `EfficientMultiHeadAttention` saves the weights' memory wherever a fused kernel
+# runs: no mask, or a bool mask or float bias that needs no gradient, whatever its shape, and no
+# dropout while training. A per-head mask still costs its own `H · L²` numbers (the CPU kernel
+# turns a bool mask into 4-byte floats first), and so does a dense ALiBi bias, which undoes
+# part of ALiBi's point: kernels that know the pattern compute it tile by tile instead
+# (FlashAttention's `alibi_slopes`, FlexAttention's `score_mod`).
+# `python -m mha_lib.bench --mask halves` (or `--mask alibi`) measures it at every length, and
+# `--dropout 0.1` or `--mask float-grad` what the fallback costs. On a GPU the kernels and their
+# limits differ; `grad_fn` tells you which one ran.
 
 # %% [markdown]
 # ## 7. How flash attention avoids the `L × L` matrix
 #
-# Flash attention splits Q into blocks of rows and K, V into blocks of rows too. In
-# FlashAttention-2 (Dao, 2023), the loop order drawn below, one block of queries sits in fast
-# on-chip memory while the blocks of K and V stream past it; the first paper (Dao et al., 2022)
-# nests the loops the other way round, a block of K and V on chip and the query blocks
-# streaming past, which computes the same result. Either way, for each pair of blocks it
-# computes a small tile of scores, uses it at once, and throws it away. The full
+# Flash attention splits Q into blocks of rows and K, V into blocks of rows too. For each pair
+# of blocks it computes a small tile of scores, uses it at once, and throws it away. The full
 # `L × L` matrix never exists, in any memory. The catch is the softmax, which divides by a
 # sum over **all** keys, a sum that is not known until the last block has been seen. The
 # answer is the **online softmax** (Milakov & Gimelshein 2018): for every query keep a running
-# maximum `m` of the scores seen so far and a running sum `l` of `exp(score − m)`. Rabe &
-# Staats (2021) and FlashAttention add a third running quantity, the output `o`, the weighted
-# sum of the values, with the weights not yet divided by `l`. When a new block raises the
-# maximum from `m` to `m'`, everything summed so far is rescaled by `exp(m − m')`; at the end,
-# `o / l` is exactly softmax-weighted attention. Only `L × d` numbers are stored, plus `m` and
-# `l` (the backward pass recomputes the tiles instead of storing them). The picture shows one
-# block of queries meeting the third block of keys and values.
+# maximum `m` of the scores seen so far and a running sum `l` of `exp(score − m)`, and a third
+# running quantity, the output `o`, the weighted sum of the values. When a new block raises
+# the maximum from `m` to `m'`, everything summed so far is rescaled by `exp(m − m')`. Only
+# `L × d` numbers are stored, plus `m` and `l` (the backward pass recomputes the tiles instead
+# of storing them).
+#
+# The two FlashAttention papers nest the loops differently. The first (Dao et al., 2022) keeps
+# a block of K and V on chip while the query blocks stream past, so every query block's `o`,
+# `m` and `l` travel to and from main memory once per block of keys; and it keeps `o`
+# normalised, dividing by the running `l` after every block. FlashAttention-2 (Dao, 2023), the
+# order drawn below, swaps the loops: one block of queries stays on chip while the blocks of K
+# and V stream past, so its `o`, `m` and `l` never leave the chip until they are finished, and
+# different query blocks share nothing, so each can run on its own part of the GPU (more
+# parallel work for long sequences with a small batch). It also **defers the division**: `o`
+# holds weights not yet divided by `l` (as in Rabe & Staats, 2021), and `o / l` once at the
+# end is exactly softmax-weighted attention, which saves the divisions of every block (slow
+# operations next to a GPU's matrix units). The picture shows one block of queries meeting
+# the third block of keys and values.
 
 # %%
 fig, ax = plt.subplots(figsize=(11, 5.2))
@@ -548,11 +591,14 @@ plt.show()
 
 # %% [markdown]
 # **Why it is faster, not only smaller: bytes moved.** A GPU computes far faster than it reads
-# its main memory (HBM), so attention's speed is set by the bytes that travel between HBM and
-# the small on-chip memory (SRAM), which is the FlashAttention paper's point. The explicit
-# computation writes the `L × L` scores to HBM, reads them for the softmax, writes the weights,
-# and reads them again for `weights @ V`. Flash attention reads Q once, and K and V once per
-# block of queries. For one head of one layer, in float16, on an A100 (2.0 TB/s):
+# its main memory (HBM), so the explicit computation's speed is set by the bytes that travel
+# between HBM and the small on-chip memory (SRAM), which is the FlashAttention paper's point.
+# The explicit computation writes the `L × L` scores to HBM, reads them for the softmax, writes
+# the weights, and reads them again for `weights @ V`. Flash attention reads Q once, and K and
+# V once per block of queries. Both do the same arithmetic: `Q Kᵀ` and `weights @ V` are
+# `2 · L² · d` floating-point operations each (a multiply and an add per term), `4 · L² · d`
+# in all. For one head of one layer, in float16, on an A100 (2.0 TB/s; 312 TFLOP/s in its
+# float16 matrix units):
 
 # %%
 L_io, d_io, block_rows, bytes_per = 4096, 64, 128, 2  # length, head size, queries per block, float16
@@ -560,10 +606,21 @@ matrix = L_io * L_io * bytes_per  # one L x L tensor
 vectors = L_io * d_io * bytes_per  # one of Q, K, V, O
 explicit = 4 * vectors + 4 * matrix  # Q, K, V, O once; scores written and read; weights written and read
 flash = 2 * vectors + 2 * vectors * (L_io // block_rows)  # Q, O once; K and V once per query block
+flops = 4 * L_io * L_io * d_io  # Q Kᵀ and weights @ V, 2 L² d each, the same for both
+compute_us = flops / 312e12 * 1e6
+print(f"{'':8s} {'MiB moved':>9s} {'µs at 2.0 TB/s':>15s} {'GFLOP':>6s} {'µs at 312 TFLOP/s':>18s}")
 for name, moved in (("explicit", explicit), ("flash", flash)):
-    print(f"{name:8s}: {moved / 2**20:6.1f} MiB moved, {moved / 2.0e12 * 1e6:5.1f} µs at 2.0 TB/s")
+    print(f"{name:8s} {moved / 2**20:9.1f} {moved / 2.0e12 * 1e6:15.1f} {flops / 1e9:6.2f} {compute_us:18.1f}")
 print(f"flash moves {explicit / flash:.1f}x fewer bytes, and stores no L x L tensor at all")
-assert explicit / flash > 3
+assert explicit / flash > 3 and explicit / 2.0e12 * 1e6 > 4 * compute_us  # explicit: memory-bound
+assert 0.5 < (flash / 2.0e12 * 1e6) / compute_us < 2  # flash: bytes and arithmetic take about as long
+
+# %% [markdown]
+# The explicit computation spends about five times longer moving bytes than computing: it is
+# memory-bound. Flash attention's bytes (17 µs) and its arithmetic (14 µs) now take about as
+# long, so it is no longer purely memory-bound: FlashAttention-2's gains over the first version
+# came from doing the arithmetic better (fewer non-matrix operations, more parallel work),
+# reaching 50 to 73 % of the A100's theoretical peak FLOP rate, by the paper's measurements.
 
 # %% [markdown]
 # ### The online softmax in a few lines
@@ -649,7 +706,7 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 # training step, and reports the peak memory of each. Things to look for in your table:
 #
 # - **memory**: the variants that store weights grow like `L²`, the fused ones like `L` (add
-#   `--mask per-head` or `--dropout 0.1` to see the CPU's fallback grow like `L²` too). On a
+#   `--dropout 0.1` or `--mask float-grad` to see the CPU's fallback grow like `L²` too). On a
 #   2-core CPU (shared with other work), a training step at `L = 4096` (`B = 1`) took
 #   1,585 MiB with the teaching module and 75 MiB with the efficient one: under 5 %.
 # - **time**: at the book's configuration (`B = 32, L = 100, d_model = 512`, not the small
@@ -681,10 +738,15 @@ print("no NaN; the blocked query's output is W_o's bias; efficient == teaching")
 # - One copy of the weights for `B = 1, H = 8` in float32 is 32 MiB at 1k tokens, 512 MiB at
 #   4k and 8 GiB at 16k; measured, the teaching module's memory grows like `L²`, the fused
 #   kernel's like `L`. On the CPU the fused function falls back to a kernel that stores the
-#   weights for a per-head `(H, L, L)` mask, dropout while training, and a float mask that
-#   requires grad.
+#   weights for a mask of three dimensions, dropout while training, and a float mask that
+#   requires grad; the module passes a per-head `(H, L, L)` mask or bias as `(1, H, L, L)`,
+#   which the fused kernel takes (at `L = 1024`, less than half the memory of the math kernel).
+# - Flash attention's bytes and arithmetic take about as long on an A100 (17 and 14 µs at
+#   `L = 4096`): the explicit computation is memory-bound, flash attention no longer purely.
 # - Flash attention computes the scores tile by tile, on chip, and never stores them; the
 #   online softmax (a running max, a running sum, a rescaled running output) makes that exact.
+#   FlashAttention-2 keeps a block of queries on chip while keys and values stream past, and
+#   divides by the running sum once, at the end.
 # - `mha_lib.EfficientMultiHeadAttention` puts both ideas together: the teaching module's
 #   contract and outputs (checked here), its weights via `from_module`, weights on request by
 #   the explicit path, and zero output for queries that may attend to nothing.
