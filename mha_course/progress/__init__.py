@@ -10,7 +10,7 @@ exercise::
                                      1.3 A padding mask                ⏳ not implemented yet
     02 Self-attention with one head  2.1 Self-attention with given …   not started (make exercise N=02)
 
-    1 of 42 exercises done.
+    1 of 44 exercises done.
 
 How it works. The list of exercises comes from the course's generated ``exercises/NN_*.ipynb``:
 each ``### Exercise N.M · Title`` heading and the check called under it (``check_x(...)``).
