@@ -61,11 +61,18 @@ class EfficientMultiHeadAttention(MultiHeadAttention):
         if not isinstance(mha, MultiHeadAttention) or isinstance(mha, EfficientMultiHeadAttention):
             raise TypeError(f"from_module expects a mha_lib.MultiHeadAttention (with W_q, W_k, W_v), "
                             f"got {type(mha).__name__}")
+        if getattr(mha, "sinks", None) is not None:
+            raise ValueError("from_module: this module has learned sinks (sinks=True), which the fused kernel cannot "
+                             "take; keep the teaching module for it")
         bias = mha.W_q.bias is not None
+        rope = {"rope_base": mha.rope_base, "rope_interleaved": mha.rope_interleaved} if mha.rotary else {}
         new = cls(mha.d_model, mha.num_heads, dropout=mha.dropout, bias=bias,
-                  num_kv_heads=mha.num_kv_heads, rotary=mha.rotary)
+                  num_kv_heads=mha.num_kv_heads, rotary=mha.rotary, qk_norm=mha.qk_norm, **rope)
         new.to(device=mha.W_q.weight.device, dtype=mha.W_q.weight.dtype)
         with torch.no_grad():
+            if mha.qk_norm:
+                new.q_norm.load_state_dict(mha.q_norm.state_dict())
+                new.k_norm.load_state_dict(mha.k_norm.state_dict())
             new.W_qkv.weight.copy_(torch.cat([mha.W_q.weight, mha.W_k.weight, mha.W_v.weight]))
             new.W_o.weight.copy_(mha.W_o.weight)
             if bias:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from conftest import TOLERANCES, make_inputs, make_mask, randn, rows_that_see_nothing, weight_shaped_inputs
-from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention
+from mha_lib import EfficientMultiHeadAttention, MultiHeadAttention, causal_mask
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
@@ -276,3 +276,23 @@ def test_the_kernel_check_sees_the_math_kernel():
     dropping = EfficientMultiHeadAttention(16, 2, dropout=0.5).train()
     x = torch.randn(1, 24, 16, requires_grad=True)
     assert FLASH_CPU not in backward_ops(dropping(x, x, x, mask))
+
+
+@pytest.mark.parametrize("options", [{"rotary": True, "rope_base": 100.0}, {"rotary": True, "rope_interleaved": True},
+                                     {"qk_norm": True}, {"rotary": True, "qk_norm": True, "rope_interleaved": True}])
+def test_from_module_keeps_the_rope_and_qk_norm_options(options) -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, **options).eval()
+    if options.get("qk_norm"):
+        with torch.no_grad():  # gains other than the initial ones, so that a lost copy would show
+            mha.q_norm.weight.uniform_(0.5, 2.0)
+            mha.k_norm.weight.uniform_(0.5, 2.0)
+    fused = EfficientMultiHeadAttention.from_module(mha)
+    x = torch.randn(2, 7, 32)
+    mask = causal_mask(7)
+    torch.testing.assert_close(fused(x, x, x, mask), mha(x, x, x, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_from_module_refuses_a_module_with_sinks() -> None:
+    with pytest.raises(ValueError, match="sinks"):
+        EfficientMultiHeadAttention.from_module(MultiHeadAttention(32, 4, sinks=True))
