@@ -285,6 +285,14 @@ def check_tolerances_and_gradients(tolerance: Callable[..., Any],
     are each wrong for one input or for the mask)."""
 
     def body() -> str:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # hundreds of tiny operations: threads only add waiting (3x slower measured)
+        try:
+            return judge()
+        finally:
+            torch.set_num_threads(threads)
+
+    def judge() -> str:
         compared = _check_tolerances(tolerance)
         if gradients_right is None:
             raise fail("only the tolerance was given: the check judges both of your tests",
