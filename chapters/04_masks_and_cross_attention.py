@@ -46,7 +46,7 @@
 # Community): "when generating a word in French, the model can focus on the related English
 # word in the input". Cross-attention between an encoder and a decoder is from Vaswani et
 # al., "Attention Is All You Need" (2017), section 3.2.3. Section 6's sinks: Xiao et al.,
-# "Efficient Streaming Language Models with Attention Sinks" (2023), OpenAI's gpt-oss model card
+# "Efficient Streaming Language Models with Attention Sinks" (2024), OpenAI's gpt-oss model card
 # (2025) and Evan Miller's "Attention Is Off By One" (2023); section 7's QK-norm: Dehghani et
 # al., "Scaling Vision Transformers to 22 Billion Parameters" (2023), and Wortsman et al.,
 # "Small-scale proxies for large-scale Transformer training instabilities" (2023), on logits

@@ -675,7 +675,7 @@ def test_every_cited_paper_is_in_the_references_with_a_link() -> None:
     assert len(cited) >= 25, f"only {len(cited)} papers recognised in the chapters"
     for paper in catalogue:
         assert paper["key"] in cited, f"{paper['key']} is listed but no chapter cites it"
-        assert re.match(r"https://(arxiv\.org/abs/\d{4}\.\d{4,5}$|doi\.org/10\.|transformer-circuits\.pub/)",
+        assert re.match(r"https://(arxiv\.org/abs/\d{4}\.\d{4,5}$|doi\.org/10\.|transformer-circuits\.pub/|www\.evanmiller\.org/)",
                         book_build.runpy.run_path(str(ROOT / "book" / "references.py"))["link"](paper)), paper
 
 
