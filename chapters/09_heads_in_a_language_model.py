@@ -19,15 +19,15 @@
 # Chapters 07 and 08 trained toys: sentences built from templates, and random tokens with a
 # repeated segment. Their heads were easy to find because the tasks were made so that one
 # mechanism would solve them. Real text is not made for anything. This chapter trains a small
-# **language model** on real text, Python's own test suite, on your CPU in about five minutes,
+# **language model** on real text, Python's own test suite, on your CPU in about ten minutes,
 # and asks of its heads the question the course's sources end on: *what does each head do?*
 # You will find the answer by measuring it, and so will find where the toy's answers carry over
 # and where they do not.
 #
 # **By the end of this chapter you will be able to**
 #
-# - train a byte-pair tokenizer and a two-layer transformer built from the course's
-#   `MultiHeadAttention`, and sample text from it;
+# - say how a byte-pair tokenizer and a two-layer transformer built from the course's
+#   `MultiHeadAttention` are trained (one command trains yours), and sample text from the model;
 # - score every head for roles defined *before* looking (previous token, first token, newline,
 #   induction, duplicate token), each next to what uniform attention would score;
 # - explore every head's attention on a text of your own, in the notebook or in the web book;
@@ -67,6 +67,7 @@ from mha_lib.textlm.findings import (COPY_SHARE, STATED, count_findings, first_e
 from mha_lib.textlm.scores import describe_heads, role_threshold
 from mha_lib.textlm.study import Probes, icl_score, load_study, probe
 
+# %config InlineBackend.figure_formats = ["retina"]  # figures at twice the pixels: sharp on any screen and in the web book
 device = get_device()
 seed_everything(0)
 torch.set_printoptions(precision=3, sci_mode=False)
@@ -137,8 +138,8 @@ print("tokens", tuple(x.shape), "-> logits", tuple(logits.shape), "; weights per
 # %% [markdown]
 # **Training it yourself.** `python -m mha_lib.textlm train` trains this model with AdamW
 # (learning rate 3·10⁻³ after a 200-step warm-up, then a cosine decay to a tenth) on 2,000
-# batches of 32 random windows, and prints a progress bar; on 2 CPU cores it takes about five
-# minutes. Run it in a terminal, not here: this chapter loads the model the **study** below
+# batches of 32 random windows, and prints a progress bar; on 2 CPU cores it took 576 s here,
+# with other work running (the study's runs below took longer: one thread each, two side by side). Run it in a terminal, not here: this chapter loads the model the **study** below
 # trained from seed 0, shipped with the course (`mha_lib/textlm/model_seed0.pt`, with its
 # configuration, its tokenizer and its training history).
 
@@ -171,7 +172,7 @@ print(tok.decode(out[0].tolist()))
 # %% [markdown]
 # ## 5. Where the heads look
 #
-# Take a short held-out passage, run the model on it and draw each head's attention map, the
+# Take two short lines of test code, typed here, run the model on them and draw each head's attention map, the
 # `(L, L)` weights of chapter 02 with the tokens as labels: row `t` is where the token at `t`
 # looks, among itself and the tokens before it.
 
@@ -184,12 +185,14 @@ with torch.no_grad():
 print(len(labels), "tokens; weights per layer", tuple(weights[0].shape))
 fig = plot_attention(torch.cat([w[0] for w in weights]).cpu(), labels,
                      head_titles=[f"L{l + 1}.h{h}" for l in range(2) for h in range(4)],
-                     title="Every head of the shipped model on a held-out line pair", panel_size=2.6)
+                     title="Every head of the shipped model on two typed lines", panel_size=2.4,
+                     annotate=False)
 plt.show()
 
 # %% [markdown]
-# Some maps are a sharp line just below the diagonal: every token looks at the one before it.
-# Some pile their weight in the first column. Others spread it. Eight small maps are hard to
+# Some maps show a line just below the diagonal: many tokens look partly at the one before.
+# Early rows have few keys to choose from, so their weight looks concentrated whatever the head
+# does; others spread it. Section 6 measures what the eye guesses. Eight small maps are hard to
 # read token by token, so the course ships an **explorer**: pick a layer and a head, then move
 # the mouse over a token (or focus it with the Tab key) to see where it looks; "all heads" shows
 # small multiples. It is plain HTML and a few lines of JavaScript written into the notebook, so
@@ -231,12 +234,12 @@ print("heads with a role:", {role: [f"L{l + 1}.h{h}" for l, h in heads] for role
 # though. Every head of layer 2 puts 0.20 to 0.41 of its weight on the previous token, three
 # to seven times what uniform attention would (0.06), and layer 1's heads 0.13 to 0.21. The
 # strongest newline score, layer 2's head 3, is 0.10 against 0.04. The other three roles are
-# *below* uniform: no head parks its weight on the first token (the attention sinks of large
-# models, chapter 11, are absent here), and on chapter 08's repeated random tokens no head looks
+# *below* uniform: no head parks its weight on the first token (the "attention sinks" of large
+# models are absent here), and on random tokens with a repeated segment no head looks
 # at the earlier occurrence or the token after it. So the heads of this model are **mixtures**:
 # a layer-2 head puts a fifth to two fifths of its weight on the previous token and spreads the
-# rest. Chapter 08's heads
-# were clean because its task needed exactly one thing; real text needs many at once.
+# rest. Chapter 08's heads were clean because its task needed exactly one thing; in this
+# configuration, on real text, they are not (a wider model or other tokens may differ).
 #
 # ## 7. One run is one sample: the study
 #
@@ -289,12 +292,16 @@ plt.show()
 # Every run learned: its held-out loss fell from about 6.4 nats to 3.26–3.36, well below the
 # unigram model's 5.40. **In none of the 6 runs does any head reach the bar for any role**, so
 # the shipped model is typical, not unlucky. Every run grew the same soft preference for the
-# previous token, weaker in layer 1 (0.16–0.21) than in layer 2 (0.34–0.41), and it grew late:
-# the middle panel shows the layer-2 scores still rising after most of the loss had gone.
+# previous token, weaker in layer 1 (0.16–0.21) than in layer 2 (0.34–0.41), and it kept
+# rising after the loss had flattened (the middle panel). That is the wrong layer for chapter
+# 08's rotary circuit: there the induction head in layer 2 finds its key through a
+# **previous-token head in layer 1** (K-composition), and here layer 1 has the weaker one.
 #
 # ## 8. Where are the induction heads?
 #
-# Chapter 08's two-layer models learned an induction head in 19 of 24 runs within 800 steps.
+# Chapter 08's two-layer models with rotary positions, like this one, changed phase and grew
+# induction heads in 10 of 10 runs, between steps 1,100 and 1,930 (with learned positions: 19 of
+# 24 within 800 steps).
 # A language model of real text has far more to gain from one (names repeat, lines repeat), and
 # Olsson et al. found induction heads in every language model they trained with two layers or
 # more. Two measurements say whether these runs have one: the induction score above, and a
@@ -320,15 +327,18 @@ assert max(abs(g) for g in gaps) < 0.04
 
 # %% [markdown]
 # **No run has an induction head at any of its 21 evaluations**: the best induction score of
-# any head at any step is 0.023, what uniform attention scores, and far below the bar. And the
+# any head at any step is 0.023, uniform attention's score, reached only in the first few hundred
+# steps; trained heads end below it. And the
 # copy test agrees: in every run the second copy of a passage is predicted no better than the
 # first (the two losses differ by less than 0.04 nats, in either direction), where a perfect
 # copier would take the second to 0. These models read their context, as section 10 shows, but
 # they do not copy from it.
 #
-# Why not? Aoyama et al. trained many language models and found that induction heads appear
-# after a number of training tokens that depends on the batch size `B` and the context length
-# `C`, not on the model's size: about $10^{5.7}\sqrt{B C}$ tokens. For this chapter's runs:
+# Why not? Aoyama et al. trained many language models, larger than this one, and fitted the
+# number of training tokens after which induction heads appear: it depends on the batch size `B`
+# and the context length `C`, and in their runs not on the model's size, about
+# $10^{5.7}\sqrt{B C}$ tokens. Applied to this chapter's runs, an extrapolation to a far smaller
+# model and vocabulary:
 
 # %%
 B, C = TRAIN["batch_size"], MODEL["max_len"]
@@ -338,10 +348,9 @@ print(f"predicted: {predicted / 1e6:.1f} M tokens = {predicted / (B * C):,.0f} s
       f"each run trains on {seen / 1e6:.1f} M tokens ({seen / predicted:.0%} of it)")
 
 # %% [markdown]
-# So these runs stop at a fifth of the training after which induction heads would be expected.
-# Chapter 08's runs needed far less because everything in its task rewarded copying; here
-# copying is one small gain among many, and the easier ones (which tokens follow which) are
-# learned first. The experiment at the end of the chapter trains past the predicted point.
+# By their fit these runs stop at about a fifth of the training after which induction heads
+# would appear. Whether the fit holds for a model this small is what the experiment at the end
+# of the chapter tests. Chapter 08's toy is the contrast: its task rewarded nothing but copying.
 #
 # ## 9. Which heads matter, and for which tokens
 #
@@ -369,7 +378,8 @@ print(result["increase"][:, :, newline].round(decimals=2) + 0.0)  # + 0.0: no "-
 # the strongest previous-token head most** (to continue `assert` with `Equal`, look at what
 # came just before), and **indentation needs the strongest newline head most** (a line's indent
 # depends on the lines above). Seed 0 suggested them, so seed 0 cannot test them: the five
-# other runs do. By chance, the head a class needs most would be a given head in 1 run in 8.
+# other runs do. By chance, the head a class needs most would be a given head in 1 run in 8,
+# or 1 in 4 if we grant that it is in layer 2 (as the next cell shows it almost always is).
 
 # %%
 for cls in CLASSES:
@@ -380,11 +390,14 @@ for finding in ("word pieces need most the strongest previous-token head (runs o
     print(f"{finding}: {counts[finding][0]} of {counts[finding][1]}")
 
 # %% [markdown]
-# The first guess holds in **4 of the 5** other runs, where chance would give about 0.6: the
-# head that looks back one token most is the one word pieces cannot do without. The second
-# fails in **all 5**: seed 0's match was a coincidence, and one run would have fooled us. And in
+# The first guess holds in **4 of the 5** other runs, where chance would give 0.6 (or 1.25 at 1
+# in 4; 4 or more of 5 by chance has a probability of 0.016 even then): the head that looks back
+# one token most is the one word pieces need most. The second guess holds in **none of the 5**,
+# no better than chance: seed 0's match was luck, and one run would have fooled us. Some of
+# these counts rest on near ties: in seed 3, the one miss, the strongest previous-token head
+# comes second for word pieces, 0.007 nats behind. And in
 # 29 of the 30 run-and-class pairs the head a class needs most is in **layer 2**: layer 1's
-# heads matter less for every kind of token, although they too look back. What the layer-2 head
+# heads matter less, although they too look back. What the layer-2 head
 # needed for indentation does is a question the scores above cannot answer; the exercises give
 # you the tools to ask it for the class you choose.
 #
@@ -421,41 +434,46 @@ print(f"the score formed first in {k_early} of {n} runs")
 
 # %% [markdown]
 # In all **6 of 6** runs the score ends negative, from about 0 untrained to between −0.21 and
-# −0.26 nats: tokens late in a window are predicted better than early ones. So these models do
-# learn in context, in Olsson et al.'s sense, without an induction head. They learn it
-# **early**: in every run the score is 90 % formed (by step 200 or 300) before the strongest
-# previous-token head is (step 600 to 900). Knowing the indentation level, the names in use, or
-# that this is a test of `unittest` helps more the more of the window the model has read; none
-# of that needs copying. Olsson et al. saw a second, sudden drop in this score when induction
-# heads formed; these runs end before that point would come.
+# −0.26 nats: tokens late in a window are predicted better than early ones. This is a
+# **short-context** version of Olsson et al.'s score (positions 8–15 are less than a line of
+# code; they compare token 50 with token 500), so it says that these models use the last line
+# or two, not that they learn in context as large models do. The score forms **early**, with
+# the loss: in every run it is 90 % formed by step 200 or 300, before the strongest
+# previous-token head is (step 600 to 900). What the extra context gives (the indentation
+# level, the names in use?) is a hypothesis this chapter does not test; copying it is not.
+# Olsson et al. saw a second, sudden drop in this score when induction heads formed; these
+# runs end before it, if it comes.
 #
 # ## 11. Chapter 08's toy and real text
 #
 # | | chapter 08: random tokens with a repeated segment | chapter 09: Python's test suite |
 # |---|---|---|
 # | what the task needs | one thing: copy from the earlier occurrence | many things at once: syntax, names, indentation, ... |
-# | previous-token attention | with rotary positions, a previous-token head in 9 runs in 10 | a soft preference in every run (0.34–0.41 in layer 2), no head over the bar |
-# | induction heads | 19 of 24 runs, in a phase change within 800 steps | none in 6 runs of 2,000 steps |
+# | previous-token attention | with rotary positions, a previous-token head in layer 1 in 9 runs in 10 | a soft preference, stronger in layer 2 (0.34–0.41) than in layer 1, no head over the bar |
+# | induction heads | rotary: 10 of 10 runs, steps 1,100–1,930; learned: 19 of 24 within 800 | none in 6 runs of 2,000 steps |
 # | copying a repeated passage | the copy's loss falls from ln 64 = 4.16 to about 1 nat | the copy is no easier than the original |
 # | attention to the first token | not scored | below uniform: no attention sinks |
-# | in-context learning | arrives with the induction heads | arrives early, without them |
+# | in-context learning | not scored; the copy loss drops at the phase change | the short-context score forms early, with the loss, without them |
 # | what a head is needed for | copying, through a two-layer circuit | word pieces: the head that looks back most (4 of 5 runs); every class: layer 2 most |
 #
 # ## Recap
 #
 # - A language model of real text, built from the course's `MultiHeadAttention`, trains on 2
-#   CPU cores in minutes: byte-pair tokens, two pre-norm blocks, next-token loss, held-out files.
+#   CPU cores in about ten minutes: byte-pair tokens, two pre-norm blocks, next-token loss,
+#   held-out files.
 # - **Scores fixed before looking**, each against uniform attention, and a bar fixed in advance
 #   say what a head does; a picture only suggests it. Here no head of any of 6 runs clears the
-#   bar for any role: the heads are **mixtures**, with a soft preference for the previous token.
+#   bar for any role: in this configuration the heads are **mixtures**, with a soft preference
+#   for the previous token, stronger in layer 2 than in layer 1 (where chapter 08's rotary
+#   circuit needs it).
 # - **No induction head and no copying** within 2,000 steps, in any run; Aoyama et al.'s fit
-#   puts their arrival about five times later. Chapter 08's toy formed them because copying was
-#   all its task rewarded.
+#   would put their arrival about five times later, if it holds this small. Chapter 08's toy,
+#   whose task rewarded nothing but copying, formed them.
 # - **Mean ablation per token class** says which head the model needs for what: layer 2's heads
 #   for every class, and for word pieces the head that looks back most (4 of 5 runs).
 # - A pattern one run suggests is tested on **other runs**: one guess held, one failed in 5 of 5.
-# - The **in-context learning score** is negative in every run and forms early, without
-#   induction heads: using context is not only copying from it.
+# - A short-context **in-context learning score** is negative in every run and forms early, with
+#   the loss and without induction heads: using context is not only copying from it.
 #
 # ## Exercises
 #
@@ -463,10 +481,10 @@ print(f"the score formed first in {k_early} of {n} runs")
 # choosing and decide which heads of the shipped model have it, then write the per-class
 # ablation yourself and find which head a class of tokens this chapter did not show needs most;
 # each exercise checks itself and tells you what is wrong. See the README for how to start your
-# own copy. And an experiment that takes longer than a notebook should: train for 12,000 steps
-# (`python -m mha_lib.textlm train --steps 12000 --output long.pt`, about half an hour on 2
-# cores), load it with `load_checkpoint("long.pt")` and score its heads. Does an induction head
-# form? Is one run enough to say?
+# own copy. And an experiment that takes longer than a notebook should: train for 20,000 steps,
+# well past the predicted 11,000 (`python -m mha_lib.textlm train --steps 20000 --output
+# long.pt`, about an hour and a half on 2 cores), load it with `load_checkpoint("long.pt")` and
+# score its heads. Does an induction head form? Is one run enough to say?
 #
 # ## What comes next
 #

@@ -57,7 +57,7 @@ def _study(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
-    seeds = args.seeds if args.seeds is not None else list(range(5))
+    seeds = args.seeds if args.seeds is not None else list(range(6))
     started = time.perf_counter()
     runs = run_study(seeds, workers=args.workers, device=args.device, checkpoint=args.checkpoint)
     seconds = round(time.perf_counter() - started, 1)
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sample.add_argument("--temperature", type=float, default=0.8)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--model", default=None, help="a checkpoint (default: the shipped one)")
-    study = sub.add_parser("study", help="train from several seeds (default 0-4) and measure every run's heads")
+    study = sub.add_parser("study", help="train from several seeds (default 0-5) and measure every run's heads")
     add_study_arguments(study, output="textlm_study.json")
     study.add_argument("--checkpoint", default=None,
                        help="also save the first seed's model there (make study: the shipped model)")

@@ -7,9 +7,9 @@ at least :func:`role_threshold` of that baseline (fixed in advance, as in chapte
 
 - **previous token** (on held-out text): query ``t`` -> key ``t - 1``;
 - **first token** (on held-out text): query ``t`` -> key 0, where many heads park weight
-  they don't need (an "attention sink", Xiao et al. 2023);
-- **delimiter** (on held-out text): query ``t`` -> the keys that are newlines (or runs of
-  spaces, or punctuation), against their share of the visible keys;
+  they don't need (an "attention sink", Xiao et al. 2024);
+- **newline** (on held-out text): query ``t`` -> the keys that are newlines, against their
+  share of the visible keys (exercise 9.1 scores indentation and punctuation the same way);
 - **induction** and **duplicate token** (on random tokens with a repeated segment, chapter
   08's :func:`~mha_lib.induction.repeated_segments`): from the second copy to the token after
   the earlier occurrence, or to the earlier occurrence itself.

@@ -7,7 +7,7 @@ last step, what mean-ablating each head costs per token class (:mod:`.ablation`)
 go through the machinery every seed study shares (:mod:`mha_lib.studies`), and chapter 09
 quotes only what held over them (:mod:`.findings`).
 
-``python -m mha_lib.textlm study --seeds 0-4`` re-trains it (about 5 min a run on 2 cores);
+``python -m mha_lib.textlm study`` re-trains it (seeds 0-5; 6 runs took 39 min on 2 busy cores);
 ``python -m mha_lib.textlm study --help`` says more.
 """
 
