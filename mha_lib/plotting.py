@@ -66,6 +66,7 @@ def plot_attention(
     cmap: str = "Blues",
     vmax: float | None = None,
     panel_size: float = 3.2,
+    ncols: int | None = None,
 ) -> "Figure":
     """Draw attention weights as heatmaps, one panel per head.
 
@@ -83,6 +84,8 @@ def plot_attention(
         vmax: top of the colour scale; default: the largest weight shown. All
             panels share one scale, so that heads can be compared.
         panel_size: width and height of one panel in inches.
+        ncols: panels per row; default: all in one row. With several rows, the keys are
+            labelled under the bottom row only and the queries left of the first column.
 
     Returns:
         The matplotlib figure. Jupyter shows it at the end of the cell; follow
@@ -112,15 +115,24 @@ def plot_attention(
     top = float(np.nanmax(w)) if vmax is None else _positive(vmax, "vmax")
     top = top if top > 0 else 1.0  # all zeros (or NaN): any scale will do
 
+    if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
+        raise ValueError(f"ncols must be a whole number of at least 1, got {ncols!r}")
+    cols = H if ncols is None else min(ncols, H)
+    rows = -(-H // cols)
     height = panel_size * max(Lq / max(Lk, 1), 0.4)
-    fig, axes = plt.subplots(1, H, figsize=(panel_size * H + 1.0, height + 0.8), squeeze=False,
+    fig, grid = plt.subplots(rows, cols, figsize=(panel_size * cols + 1.0, (height + 0.8) * rows), squeeze=False,
                              layout="constrained")
-    for h, ax in enumerate(axes[0]):
+    for ax in grid.flat[H:]:
+        ax.remove()  # a last row that is not full
+    for h, ax in enumerate(grid.flat[:H]):
         image = ax.imshow(w[h], cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
         ax.set_title(head_titles[h])
-        ax.set_xticks(range(Lk), key_labels if key_labels is not None else range(Lk), rotation=90)
-        ax.set_xlabel("key")
-        if h == 0:  # the rows are the same queries in every panel: label them once
+        if h + cols >= H:  # the bottom panel of its column: label the keys
+            ax.set_xticks(range(Lk), key_labels if key_labels is not None else range(Lk), rotation=90)
+            ax.set_xlabel("key")
+        else:
+            ax.set_xticks(range(Lk), [])
+        if h % cols == 0:  # the rows are the same queries in every panel: label them once per row
             ax.set_yticks(range(Lq), query_labels if query_labels is not None else range(Lq))
             ax.set_ylabel("query")
         else:
@@ -130,7 +142,7 @@ def plot_attention(
                 for j in range(Lk):
                     colour = "white" if w[h, i, j] > 0.6 * top else "black"
                     ax.text(j, i, f"{w[h, i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="weight")
+    fig.colorbar(image, ax=grid.ravel()[:H].tolist(), shrink=0.8, label="weight")
     if title:
         fig.suptitle(title)
     return fig

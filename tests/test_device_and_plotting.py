@@ -136,6 +136,21 @@ def test_plot_attention_single_map_defaults_key_labels_to_query_labels():
     assert not panel.texts
 
 
+def test_plot_attention_in_rows_labels_outer_panels_only():
+    weights = torch.softmax(torch.randn(5, 3, 3), dim=-1)
+    fig = plot_attention(weights, ["a", "b", "c"], ncols=2, annotate=False)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 5  # 3 rows of 2, the empty sixth panel removed
+    assert [round(ax.get_position().x0, 2) for ax in panels[::2]] == [round(panels[0].get_position().x0, 2)] * 3
+    ylabelled = [i for i, ax in enumerate(panels) if any(t.get_text() for t in ax.get_yticklabels())]
+    xlabelled = [i for i, ax in enumerate(panels) if any(t.get_text() for t in ax.get_xticklabels())]
+    assert ylabelled == [0, 2, 4]  # the first column
+    assert xlabelled == [3, 4]  # the bottom panel of each column: head 3 has none below it
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="ncols must be a whole number of at least 1"):
+            plot_attention(weights, ncols=bad)
+
+
 def test_plot_attention_errors():
     with pytest.raises(ValueError, match=r"query_labels has 2 labels but the weights have 3 rows \(queries\)"):
         plot_attention(torch.rand(3, 3), ["a", "b"])

@@ -13,7 +13,9 @@ every head. In headless Chromium with nothing reachable but the page (tests/brow
   cell builds an explorer from a tiny random ``MultiHeadAttention``, and hovering, the keys and
   the buttons work there, without moving JupyterLab's cell selection;
 - (c) the web book (book/build.py on a one-chapter course, as in test_book.py): the stored
-  output is interactive and answers a hover.
+  output is interactive and answers a hover;
+- (d) chapter 09's stored output, the shipped language model on the chapter's snippet: its
+  weights are the model's, and in a page hovering and the buttons colour the tokens by them.
 
 Screenshots go to ``artifacts/explorer/``.
 """
@@ -605,4 +607,71 @@ def test_in_the_web_book_the_stored_output_answers_a_hover(tmp_path: Path, sync_
     finally:
         server.shutdown()
         server.server_close()
+    assert not problems, problems
+
+
+# --------------------------------------------------------------- chapter 09's stored explorer
+
+SNIPPET_09 = "        self.assertEqual(x, 1)\n        self.assertEqual(y, 2)\n"  # the text chapter 09 explores
+
+
+def chapter_09_explorer() -> str:
+    """The explorer's HTML as chapter 09's notebook stores it (one explorer in the chapter)."""
+    notebook = json.loads((ROOT / "chapters" / "09_heads_in_a_language_model.ipynb").read_text(encoding="utf-8"))
+    found = ["".join(out["data"]["text/html"]) for cell in notebook["cells"] if cell["cell_type"] == "code"
+             for out in cell.get("outputs", []) if "mha-explorer" in "".join(out.get("data", {}).get("text/html", ""))]
+    assert len(found) == 1, f"chapter 09 stores {len(found)} explorers, expected 1"
+    return found[0]
+
+
+def shipped_weights_09() -> tuple[list[str], list[torch.Tensor]]:
+    """The tokens and each layer's (1, H, L, L) weights of the shipped model on chapter 09's snippet."""
+    from mha_lib.textlm import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint()
+    ids = torch.tensor([tokenizer.encode(SNIPPET_09)])
+    with torch.no_grad():
+        _, weights = model(ids, return_weights=True)
+    return [repr(t)[1:-1] for t in tokenizer.tokens(ids[0].tolist())], weights
+
+
+def test_chapter_09_stores_the_shipped_models_weights_on_its_snippet() -> None:
+    data = stored_data(chapter_09_explorer())
+    tokens, weights = shipped_weights_09()
+    assert data["tokens"] == tokens
+    assert (data["layers"], data["heads"]) == (2, 4)
+    length = len(tokens)
+    for layer in range(2):
+        for head in range(4):
+            flat = data["w"][layer][head]
+            full = np.zeros((length, length))
+            for q in range(length):
+                full[q, :q + 1] = flat[q * (q + 1) // 2:(q + 1) * (q + 2) // 2]
+            # stored to 3 decimals; another CPU's kernels move a weight by far less than that
+            assert np.abs(full / SCALE - weights[layer][0, head].numpy()).max() <= 0.0005 + 1e-4, (layer, head)
+
+
+@pytest.mark.browser
+def test_chapter_09s_stored_explorer_answers_hover_and_buttons(tmp_path: Path, sync_playwright) -> None:
+    """The output chapter 09 ships (not a tiny model's): in a page with nothing else reachable,
+    hovering a token and switching layer and head colour the tokens by the shipped model's weights."""
+    markup = chapter_09_explorer()
+    tokens, weights = shipped_weights_09()
+    (tmp_path / "page.html").write_text(page_with([markup]), encoding="utf-8")
+    view = f"#{view_id(markup)}"
+    query = tokens.index("y")  # the second line's argument: it has a line above to look at
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            problems = _watch(page, "file://")
+            page.goto((tmp_path / "page.html").as_uri(), wait_until="load")
+            state = lambda: page.locator(view).evaluate(TOKENS_JS)  # noqa: E731
+            page.locator(f"{view} .mx-tok").nth(query).hover()
+            check_colours(state(), tokens, weights, 0, 0, query, "chapter 09, hover")
+            page.locator(f"{view} button[aria-label='layer 2']").click()
+            page.locator(f"{view} button[aria-label='head 3']").click()
+            check_colours(state(), tokens, weights, 1, 3, query, "chapter 09, layer 2 head 3")
+        finally:
+            browser.close()
     assert not problems, problems
