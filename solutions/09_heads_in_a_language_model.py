@@ -158,16 +158,6 @@ check_role_score(role_score, role=ROLE)
 # %%
 check_role_baseline(role_baseline, role=ROLE)
 
-# %%
-# SOLUTION ONLY
-# The solution handles every role of the menu: each one checked.
-from mha_lib.checks.language_model import ROLES
-
-chosen = ROLE
-for ROLE in ROLES:
-    assert check_role_score(role_score, role=ROLE) and check_role_baseline(role_baseline, role=ROLE)
-ROLE = chosen
-
 # %% [markdown]
 # <!-- BEGIN SOLUTION -->
 # **Discussion.** Every role of the menu is the same computation on two masks: which keys the
@@ -208,7 +198,10 @@ print("heads with the role (layer, head):", having if having else "none")
 
 # %%
 # SOLUTION ONLY
-# What the model answer below says, checked on this model, for every role of the menu.
+# What the model answer below says, checked on this model, for every role of the menu
+# (the checks above test the role chosen; the checks' own tests cover every role of the menu).
+from mha_lib.checks.language_model import ROLES
+
 chosen, found = ROLE, {}
 for ROLE in ROLES:
     found[ROLE] = (torch.stack([role_score(w, inputs, tokenizer) for w in weights]).cpu(),
