@@ -221,7 +221,9 @@ def blockwise_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor 
     if mask is not None:
         mask = mask.expand(*lead, Lq, Lk).reshape(N, Lq, Lk)  # a view where the mask is shared
         mask = mask if mask.dtype == torch.bool else mask.to(work)
-        mask = F.pad(mask, (0, pad), value=False if mask.dtype == torch.bool else float("-inf")).view(N, Lq, nk, block)
+        if pad:  # (a copy; without padding the view stays shared)
+            mask = F.pad(mask, (0, pad), value=False if mask.dtype == torch.bool else float("-inf"))
+        mask = mask.view(N, Lq, nk, block)  # the key axis in tiles
     key_offsets = torch.arange(block, device=q.device)  # (block,)
     output = q.new_zeros(N, Lq, d_v)
     computed = masked = 0
