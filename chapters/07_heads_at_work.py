@@ -33,8 +33,8 @@
 #   **inverted** group is not one near chance), and split the prediction into one term per head
 #   (**direct logit attribution**);
 # - test whether a model recognises a word by its **absence**;
-# - compare one, two, four and eight heads on the same task, and show why one head cannot compute
-#   its *exclusive or*;
+# - compare one, two, four and eight heads on the same task, show why one head read out
+#   linearly cannot compute its *exclusive or*, and count how the one-head runs failed;
 # - judge a finding by the number of **independent runs** it holds in, counting one by hand from
 #   the study's file.
 #
@@ -90,8 +90,10 @@ from mha_lib.sentiment import (
 from mha_lib.sentiment.attribution import ABLATIONS, ablated_accuracy, logit_attribution
 from mha_lib.sentiment.findings import (
     ABLATION_FINDINGS,
+    CONTROL_FINDINGS,
     FINDINGS,
     LABELS,
+    MEAN_CONTROLS,
     STATED,
     colliding_pairs,
     count_findings,
@@ -326,8 +328,8 @@ print("attention weights:", len(weights), "layer(s) of", tuple(weights[0].shape)
 #   13% here (*uniform*); a head *has a role* for a word when it gives it at least halfway from
 #   uniform to everything (about 57%);
 # - **counts**: each finding is printed with its number of runs; the text says *all*, *most*
-#   (at least two runs in three) or gives the count, "14 of 24", when it is fewer. A bare
-#   majority is not "most": one run more or less could tip it.
+#   (more than two runs in three: 17 of 24 is "most", 16 of 24 is not) or gives the count,
+#   "16 of 24", when it is fewer. A bare majority is not "most": one run more or less could tip it.
 #
 # Your held-out sentences are run 0's, so their baselines must be run 0's:
 
@@ -654,10 +656,33 @@ print(findings_table(study, ["plain: one polarity's word gets a role, the other'
 
 # %% [markdown]
 # In 10 of the 24 runs that learned, no head gives the words of one polarity a role in plain
-# sentences, and in all 10 the model calls the word-deleted sentences that polarity (in more than
-# 72.5% of them, the same bar as "near chance"): it knows "bad" as "no good word here". In the
-# other 14, some head fetches both polarities. Attention maps show what a model reads; a
-# missing stripe can be information too.
+# sentences, and in all 10 the model calls the word-deleted sentences that polarity (72.5% of
+# them or more, the bar of "near chance"). In the other 14, some head fetches both polarities.
+#
+# **A control.** A sentence without its sentiment word is one the model never saw, and it must
+# call it something. So run the same test where no polarity goes unattended: those 14 runs.
+# If they answer one way just as firmly, a firm answer is not the evidence; the *direction* is.
+# In them a polarity can still be fetched by fewer heads (one head against two), and the
+# prediction is the same: the word-deleted sentences are read as the polarity fewer heads fetch.
+
+# %%
+print(findings_table(study, ["both polarities looked at: word deleted, read one way",
+                             "plain, word deleted: read as the polarity fewer heads look at"]))
+counts = count_findings(study)
+none_k, none_n = counts["plain, word deleted: read as the polarity no head looks at"]
+fewer_k, fewer_n = counts["plain, word deleted: read as the polarity fewer heads look at"]
+print(f"\nfewer heads = none: {none_k} of {none_n} runs; one head against two: {fewer_k - none_k} of {fewer_n - none_n}")
+assert (none_k, none_n) == (10, 10) and (fewer_k - none_k, fewer_n - none_n) == (7, 8)
+
+# %% [markdown]
+# Firm answers are everywhere: 12 of the 14 control runs give one label to at least 72.5% of the
+# word-deleted sentences. The direction is not: it goes to the polarity fewer heads fetch in 17
+# of the 18 runs where there is one (all 10 where that is no head; 7 of 8 where it is one head
+# against two), where a coin would pick it half the time. What this shows: with its word gone,
+# the model falls back on the polarity its heads fetch less, as if "bad" were "no good word
+# here". What it does not show: how the model reads real "bad" sentences. A word-deleted
+# sentence tests the model's default, off its training data. Attention maps show what a model
+# reads; a missing stripe can be information too.
 #
 # ## 6. Silencing heads, three ways
 #
@@ -754,18 +779,57 @@ print(findings_table(study, [name for name in ABLATION_FINDINGS if name in STATE
 #   one of "not good" and "not bad" gets the wrong label while the other can stay right. The
 #   other head is what tells them apart. Asserted on your model above.
 # - **The negation head**: the damage lands on the sentences **without** "not". Mean-ablated, it
-#   leaves a plain group near chance or worse in most runs, and inverted in 16 of 24 (both plain
-#   groups in 5): "good" sentences get the label of "not good", or "bad" ones that of "not bad".
-#   Both negated groups stay learned in 15 of 24. The head is named for where it looks in
-#   negated sentences, but what the model needs it for most is the report that *no* "not" is
-#   there. Which plain group breaks depends on the run: in the table, "good" and "bad" sentences
-#   are inverted about equally often.
+#   leaves a plain group near chance or worse in most runs (21 of 24), and inverted in 16 of 24
+#   (both plain groups in 5): "good" sentences get the label of "not good", or "bad" ones that of
+#   "not bad". Both negated groups stay learned in 15 of 24. Which plain group breaks depends on
+#   the run: in the table, "good" and "bad" sentences are inverted about equally often. Why the
+#   plain sentences break is the next question.
 # - **The methods disagree**: the negation head zeroed leaves a plain group near chance or worse
 #   in 16 of 24 runs, resampled in all 24; resampled, it also hurts the negated sentences in
 #   every run, where its mean leaves both negated groups learned in 15 of 24. Zeros are a report
 #   the head never gives; a resampled report is about another sentence, half the time one with
 #   no "not" in it. Each measures something different: name yours with the number (Zhang and
 #   Nanda, 2024).
+#
+# **A control for the mean.** The mean that replaces the negation head is taken over all the
+# training sentences, plain and negated mixed, so it is partly a report that "not" is there, and
+# mean-ablation writes that report into every plain sentence. An inverted plain group may be the
+# model reading that "not", not the loss of anything the head does. So replace the head with its
+# mean over the plain sentences only, on average "no 'not' here", and, the other way, with its
+# mean over the negated ones only: the same `ablated_accuracy`, another reference. Your model:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the accuracies of your run)
+references = {"all": train, "plain only": [e for e in train if not e.negated],
+              "negated only": [e for e in train if e.negated]}
+print(f"{'negation head, mean over ...':33}" + "".join(f"{name:>10}" for name in groups))
+for kind, reference in references.items():
+    right = ablated_accuracy(model, test, vocab, [negation_head], "mean", reference)  # (N,) bool
+    print(f"{kind:33}" + "".join(f"{right[[g == name for g in group_of]].float().mean().item():10.0%}"
+                                 for name in groups))
+
+# %% [markdown]
+# The study records both (`"mean_from"` in each two-head run); over its runs that learned,
+# outcomes as above:
+
+# %%
+print(outcomes_table(study, [("negation", how) for how in ("mean", *MEAN_CONTROLS)]), "\n")
+print(findings_table(study, [name for name in CONTROL_FINDINGS if name in STATED]))
+
+# %% [markdown]
+# Read the rows top to bottom. Written into plain sentences, the head's mean over **negated**
+# sentences inverts a plain group in all 24 runs: the model reads this head's output as "'not'
+# is here" or "it is not", and a "here" makes "good" read as "not good". The mean over all
+# sentences carries part of that "here", and that is part of why the plain sentences broke
+# above: with the mean over **plain** sentences only, a plain group is near chance or worse in
+# 12 of 24 runs (inverted in 10), against 21 (16) with the mixed mean. So the reading "needed to
+# report that no 'not' is there" was in part the mixed mean's artefact. What the control
+# supports: the model reads the negation head as a report of "not" either way. In negated
+# sentences its average report is all the model needs from it (both negated groups stay learned
+# with the negated-only mean in 23 of 24 runs); in plain sentences the average "no 'not'" keeps
+# both plain groups above near chance in only 12 of 24. In the other 12 the model needs the
+# head's own report, sentence by sentence, and this control does not say what in it.
 #
 # ## 7. What each head adds to the logit
 #
@@ -925,7 +989,9 @@ for order in permutations(("not", "good", "bad")):  # highest score first
 # the wrong way round, whatever `w` and `a` (checked below on random vectors). One head has two
 # ways out: a split that differs between the two sentences (its scores do depend on which word
 # is there, and the extreme above shows where that ends), or a non-linear step after the head,
-# the feed-forward network or the LayerNorm.
+# the feed-forward network or the LayerNorm. So the argument is about one head whose mix is read
+# linearly; it does not prove that no one-head model can learn the task. The trained runs are
+# the evidence for that, below.
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -956,9 +1022,9 @@ print(findings_table(study, ["1 head: two groups with opposite labels get the sa
                              "1 head: the weaker group of a colliding pair near chance or worse"]))
 
 # %% [markdown]
-# In most one-head runs the head sends the same token to two groups that need opposite labels,
-# and in every one of those runs the weaker of the two groups is near chance or worse: the
-# collision of the first cell, in trained models. Two heads can send two different tokens, and
+# In most one-head runs (22 of 24) the head sends the same token to two groups that need
+# opposite labels, and in every one of those runs the weaker of the two groups is near chance or
+# worse: the collision of the first cell, in trained models. Two heads can send two different tokens, and
 # in section 5 they did: in most runs the negation head sends "not", while the other head sends
 # the word in one negated group and "not" in the other.
 #
@@ -987,9 +1053,9 @@ print(findings_table(study))
 # The seed decides which head becomes the negation head and in which negated group the other
 # head brings the word; in a few seeds, the CPU decides whether a run learns. The heads do
 # specialize, less cleanly than detectives: a head's name says where it looks, and only an
-# ablation read group by group says what the model needs it for (the "negation head", to know
-# that no "not" is there). Only counts over independent runs, against thresholds fixed in
-# advance, tell the model from the accident.
+# ablation read group by group, with a control for what the replacement itself reports, says what
+# the model needs it for (the "negation head": a report of "not" either way). Only counts over
+# independent runs, against thresholds fixed in advance, tell the model from the accident.
 
 # %% [markdown]
 # ## Recap
@@ -1000,16 +1066,25 @@ print(findings_table(study))
 # - Shapes: `(B, L, d_model)` in and out; attention weights `(B, H, L, L)`.
 # - A claim about trained models is a count over **independent runs**, against thresholds
 #   derived in advance from baselines (chance, uniform attention); the untrained model is a
-#   check that random weights don't already pass them. "Most" means at least two runs in three;
-#   fewer, and the count is given.
+#   check that random weights don't already pass them. "Most" means more than two runs in three;
+#   two thirds or fewer, and the count is given.
 # - Two heads: a **negation head** and a head that brings the sentiment word, in most runs.
-#   Read group by group, ablation says what each is needed for: without the other head, one
-#   negated group breaks (inverted, in most runs); without the negation head, the plain
-#   sentences do. An **inverted** group (below 27.5%) is not one near chance.
+#   Read group by group, ablation says what each is needed for. Without the other head (zero,
+#   mean or resample), a negated group breaks in every run (mean-ablated, inverted in most). The
+#   negation head is read as a report of "not" either way: its mean over negated sentences
+#   inverts a plain group in 24 of 24 runs; mean-ablated over all sentences, it breaks a plain
+#   group in 21 of 24, but over plain sentences only, in 12 of 24: the other 9 broke only under
+#   the mean that carries part of a "not". An **inverted** group (below 27.5%) is not one near
+#   chance.
 # - A model can read a word by its **absence**: in 10 of 24 runs no head looks at one polarity's
-#   words, and a sentence without a sentiment word is read as that polarity.
-# - One head sends `<cls>` one mix per sentence; the task is an **exclusive or**, and in most
-#   one-head runs two groups with opposite labels got the same token.
+#   words, and a sentence without a sentiment word is read as that polarity (10 of 10). Runs that
+#   look at both also answer firmly (12 of 14): the evidence is the direction, toward the
+#   polarity fewer heads fetch (17 of 18), and it speaks of the model's default only.
+# - The task is an **exclusive or**. One head read out linearly cannot compute it when it sends
+#   `<cls>` one token, or the same split of two tokens in both negated sentences; the argument
+#   leaves out splits that change with the word and the non-linear steps after the head. Trained,
+#   one head learned in 0 of 24 runs, and in 22 of 24 it sent the same token to two groups with
+#   opposite labels.
 # - **Zero-, mean- and resample-ablation** can disagree: report which you used. **Direct logit
 #   attribution** splits the logit difference into terms (embedding, each head, `W_o`'s bias,
 #   feed-forward), the LayerNorm scale frozen.

@@ -62,7 +62,9 @@ def check_run(run: dict, halves: bool = True) -> None:
     for accuracy in (heads["accuracy"], heads["feed_forward_off"]):
         assert set(accuracy) == GROUPS_07 and all(0 <= a <= 1 for a in accuracy.values())
     assert set(heads["ablation"]) == {"zero", "mean", "resample"}
-    for per_head in heads["ablation"].values():
+    if H == 2 and not run["replica"] or "mean_from" in heads:  # the control of mean-ablation (chapter 07 reads it)
+        assert set(heads["mean_from"]) == {"plain", "negated"}
+    for per_head in [*heads["ablation"].values(), *heads.get("mean_from", {}).values()]:
         assert set(per_head) == {f"head {h}" for h in range(H)}
         assert all(set(a) == GROUPS_07 and all(0 <= x <= 1 for x in a.values()) for a in per_head.values())
     assert set(heads["without_word"]) == {"plain", "negated"} and all(0 <= x <= 1 for x in heads["without_word"].values())
@@ -251,6 +253,8 @@ def test_command_line_errors():
 def test_wording_follows_the_count():
     assert [wording(k, 10) for k in (10, 9, 7, 6, 5, 1, 0)] == ["all", "most", "most", "some", "some", "some", "none"]
     assert wording(16, 25) == "some" and wording(17, 25) == "most" and wording(14, 25) == "some"  # 2/3 = 16.7 of 25
+    assert wording(16, 24) == "some" and wording(17, 24) == "most"  # exactly two thirds is not "most"
+    assert wording(2, 3) == "some" and wording(20, 30) == "some" and wording(21, 30) == "most"
     for k, n in ((1, 0), (-1, 4), (5, 4)):
         with pytest.raises(ValueError, match="0 <= k <= n"):
             wording(k, n)
@@ -340,6 +344,22 @@ def test_absence_reading_follows_the_unattended_polarity():
     assert attended_polarities(run) == (False, True) and findings_module._absence_read(run)
 
 
+def test_absence_control_reads_the_direction_not_the_firmness():
+    """Where both polarities get a head, a firm answer counts as firm either way; the direction
+    counts only toward the polarity that fewer heads fetch."""
+    shares = {g: {"<cls>": [0, 0], "not": [0, 0], "sentiment word": [0.0, 0.0], "other words": [1, 1]}
+              for g in ("plain+", "plain-", "negated+", "negated-")}
+    shares["plain+"]["sentiment word"] = [0.9, 0.8]  # "good": two heads
+    shares["plain-"]["sentiment word"] = [0.1, 0.9]  # "bad": one head
+    run = _run_with() | {"heads": {"cls_shares": shares, "without_word": {"plain": 0.1, "negated": 0.5}}}
+    assert findings_module.heads_on_word(run) == (2, 1) and attended_polarities(run) == (True, True)
+    assert findings_module._read_one_way(run) and findings_module._fewer_heads_read(run)  # 90% negative
+    run["heads"]["without_word"]["plain"] = 0.9  # as firm, the other way
+    assert findings_module._read_one_way(run) and not findings_module._fewer_heads_read(run)
+    run["heads"]["without_word"]["plain"] = 0.5
+    assert not findings_module._read_one_way(run) and not findings_module._fewer_heads_read(run)
+
+
 def test_ablation_outcomes_count_each_group(study):
     """The outcome table adds up to the runs that learned, group by group, and agrees with the
     per-run accuracies it is made of."""
@@ -355,6 +375,15 @@ def test_ablation_outcomes_count_each_group(study):
         ablation_outcomes(study, "third", "mean")
     table = outcomes_table(study)
     assert table.count("\n") == 6 and "mean-ablated negation head" in table
+    # the control: the negation head's mean over one kind of sentence only, read from "mean_from"
+    expected = outcome(r, r["heads"]["mean_from"]["plain"][f"head {negation_head_of(r)}"]["plain+"])
+    assert ablation_outcomes(Study(runs=[r]), "negation", "plain-only mean")["plain+"] == {expected: 1}
+    controls = [("negation", "mean"), ("negation", "plain-only mean"), ("negation", "negated-only mean")]
+    table = outcomes_table(study, controls)
+    assert table.count("\n") == 3 and "negation head, plain-only mean" in table
+    # a different measurement from the mean over all sentences: some run's plain group moves
+    assert any(ablation_outcomes(Study(runs=[run]), "negation", "mean")
+               != ablation_outcomes(Study(runs=[run]), "negation", "plain-only mean") for run in learned_runs)
 
 
 def test_findings_table_checks_an_exact_count_where_the_text_gives_one(study, monkeypatch):
@@ -404,6 +433,29 @@ def test_new_counts_recomputed_by_hand_from_the_json():
         collide += any(top(r, a) is not None and top(r, a) == top(r, b)
                        and (top(r, a) != "sentiment word" or a[-1] == b[-1]) for a, b in pairs)
     by_hand["1 head: two groups with opposite labels get the same token"] = (collide, len(one))
+    # absence: the word-deleted plain sentences, by the number of heads with a role on each polarity's word
+    firm = direction = fewer = 0
+    both = []
+    for r in won:
+        share_positive, bar = r["heads"]["without_word"]["plain"], r["baselines"]["near_chance"]
+        on = [sum(x >= r["baselines"]["role"] for x in r["heads"]["cls_shares"][g]["sentiment word"])
+              for g in ("plain+", "plain-")]
+        if min(on) > 0:
+            both.append(r)
+            firm += max(share_positive, 1 - share_positive) >= bar
+        if on[0] != on[1]:
+            fewer += 1
+            direction += (share_positive if on[0] < on[1] else 1 - share_positive) >= bar
+    by_hand["both polarities looked at: word deleted, read one way"] = (firm, len(both))
+    by_hand["plain, word deleted: read as the polarity fewer heads look at"] = (direction, fewer)
+    # the control of mean-ablation: the negation head replaced by its plain-only or negated-only mean
+    for kind in ("plain", "negated"):
+        inverted_plain = 0
+        for r in won:
+            neg = 0 if r["heads"]["cls_to_not"][0] >= r["heads"]["cls_to_not"][1] else 1
+            inverted_plain += any(r["heads"]["mean_from"][kind][f"head {neg}"][g] < inverted_at(r)
+                                  for g in ("plain+", "plain-"))
+        by_hand[f"{kind}-only mean, negation head: a plain group inverted"] = (inverted_plain, len(won))
     counts = count_findings(load_study())
     assert {name: counts[name] for name in by_hand} == by_hand
     assert by_hand["mean-ablating the negation head: a plain group inverted"] == STATED[

@@ -19,8 +19,8 @@ from .probes import FOUR_GROUPS, ROLES
 from .run import Run
 from .study import HEADS, Study
 
-__all__ = ["ABLATION_FINDINGS", "FINDINGS", "LABELS", "MOST", "OUTCOMES", "STATED", "ablation_outcomes", "attended_polarities",
-           "check_findings", "colliding_pairs", "count_findings", "findings_table", "independent",
+__all__ = ["ABLATION_FINDINGS", "CONTROL_FINDINGS", "FINDINGS", "LABELS", "MEAN_CONTROLS", "MOST", "OUTCOMES", "STATED", "ablation_outcomes", "attended_polarities",
+           "check_findings", "colliding_pairs", "count_findings", "findings_table", "heads_on_word", "independent",
            "kernel_path_changes", "learned", "learning_order", "negation_head_of", "other_head_of",
            "other_heads_of", "outcome", "outcomes_table", "robust_seeds", "sent_token", "wording"]
 
@@ -62,7 +62,14 @@ def _brings_word(run: Run, h: int) -> bool:
     return max(shares[g]["sentiment word"][h] for g in ("negated+", "negated-")) >= _role(run)
 
 
+# The control of mean-ablation: the head's mean over the plain (or the negated) reference
+# sentences only, where "mean" takes it over all of them ("mean_from" in a run).
+MEAN_CONTROLS = ("plain-only mean", "negated-only mean")
+
+
 def _ablated(run: Run, how: str, head: int, group: str) -> float:
+    if how in MEAN_CONTROLS:
+        return run["heads"]["mean_from"][how.split("-")[0]][f"head {head}"][group]
     return run["heads"]["ablation"][how][f"head {head}"][group]
 
 
@@ -118,26 +125,51 @@ def _weaker_of_collision(run: Run) -> float:
     return min(run["heads"]["accuracy"][g] for pair in colliding_pairs(run) for g in pair)
 
 
+def heads_on_word(run: Run) -> tuple[int, int]:
+    """How many heads give the sentiment word ``role`` of ``<cls>``'s attention in "good"
+    sentences and in "bad" ones (plain)."""
+    shares = run["heads"]["cls_shares"]
+    return tuple(sum(share >= _role(run) for share in shares[g]["sentiment word"])  # type: ignore[return-value]
+                 for g in ("plain+", "plain-"))
+
+
 def attended_polarities(run: Run) -> tuple[bool, bool]:
     """Whether some head gives the sentiment word ``role`` of ``<cls>``'s attention in "good"
     sentences and in "bad" ones (plain)."""
-    shares = run["heads"]["cls_shares"]
-    return tuple(max(shares[g]["sentiment word"]) >= _role(run) for g in ("plain+", "plain-"))  # type: ignore[return-value]
+    return tuple(n > 0 for n in heads_on_word(run))  # type: ignore[return-value]
+
+
+def _read_as(run: Run, positive: bool) -> bool:
+    """Plain sentences with their sentiment word deleted are read as that polarity (positive or
+    not), in at least ``near_chance`` of them."""
+    positive_share = run["heads"]["without_word"]["plain"]  # share predicted positive
+    return (positive_share if positive else 1 - positive_share) >= run["baselines"]["near_chance"]
 
 
 def _absence_read(run: Run) -> bool:
     """In a run that attends to one polarity's words only, plain sentences with their sentiment
-    word deleted are read as the *other* polarity, in more than ``near_chance`` of them."""
+    word deleted are read as the *other* polarity, in at least ``near_chance`` of them."""
     positive_seen, negative_seen = attended_polarities(run)
-    positive_share = run["heads"]["without_word"]["plain"]  # share predicted positive
-    unattended_positive = negative_seen and not positive_seen
-    share = positive_share if unattended_positive else 1 - positive_share
-    return share >= run["baselines"]["near_chance"]
+    return _read_as(run, positive=negative_seen and not positive_seen)
+
+
+def _fewer_heads_read(run: Run) -> bool:
+    """Word-deleted plain sentences are read as the polarity whose word gets ``role`` from fewer
+    heads (none, or one against two), in at least ``near_chance`` of them."""
+    on_positive, on_negative = heads_on_word(run)
+    return _read_as(run, positive=on_positive < on_negative)
+
+
+def _read_one_way(run: Run) -> bool:
+    """Word-deleted plain sentences get one label, either one, in at least ``near_chance`` of them."""
+    return _read_as(run, positive=True) or _read_as(run, positive=False)
 
 
 _TWO = lambda r: independent(r) and "heads" in r  # noqa: E731
 _TWO_LEARNED = lambda r: _TWO(r) and learned(r)  # noqa: E731
 _ONE_POLARITY = lambda r: _TWO_LEARNED(r) and sum(attended_polarities(r)) == 1  # noqa: E731
+_BOTH_POLARITIES = lambda r: _TWO_LEARNED(r) and all(attended_polarities(r))  # noqa: E731
+_FEWER_HEADS = lambda r: _TWO_LEARNED(r) and len(set(heads_on_word(r))) == 2  # noqa: E731
 
 
 OUTCOMES = ("still learned", "hurt", "near chance", "inverted")
@@ -228,6 +260,9 @@ FINDINGS: dict[str, tuple[Callable[[Run], bool], Callable[[Run], bool]]] = {
     "plain: one polarity's word gets a role, the other's none": (
         _TWO_LEARNED, lambda r: sum(attended_polarities(r)) == 1),
     "plain, word deleted: read as the polarity no head looks at": (_ONE_POLARITY, _absence_read),
+    # the control: runs in which some head looks at the words of both polarities
+    "both polarities looked at: word deleted, read one way": (_BOTH_POLARITIES, _read_one_way),
+    "plain, word deleted: read as the polarity fewer heads look at": (_FEWER_HEADS, _fewer_heads_read),
 }
 # section 6: each head ablated each way (zero, mean, resample), read group by group
 _PLAIN = ("plain+", "plain-")
@@ -253,6 +288,21 @@ for _how in ABLATIONS:
             _TWO_LEARNED, _kept)
 del _who, _head_of, _its, _others, _how, _where, _outcomes, _kept
 ABLATION_FINDINGS = [name for name in FINDINGS if "-ablating the " in name]
+# the control: the negation head replaced by its mean over one kind of sentence only
+_CONTROLLED = lambda r: _TWO_LEARNED(r) and "mean_from" in r["heads"]  # noqa: E731
+for _how in MEAN_CONTROLS:
+    def _plain_outcomes(r: Run, how: str = _how) -> list[str]:
+        return [outcome(r, _ablated(r, how, negation_head_of(r), g)) for g in _PLAIN]
+
+    FINDINGS[f"{_how}, negation head: a plain group near chance or inverted"] = (
+        _CONTROLLED, lambda r, f=_plain_outcomes: any(o in ("near chance", "inverted") for o in f(r)))
+    FINDINGS[f"{_how}, negation head: a plain group inverted"] = (
+        _CONTROLLED, lambda r, f=_plain_outcomes: "inverted" in f(r))
+    FINDINGS[f"{_how}, negation head: both negated groups still learned"] = (
+        _CONTROLLED, lambda r, how=_how: all(outcome(r, _ablated(r, how, negation_head_of(r), g)) == "still learned"
+                                             for g in _NEGATED))
+del _how, _plain_outcomes
+CONTROL_FINDINGS = [name for name in FINDINGS if name.startswith(MEAN_CONTROLS)]
 FINDINGS |= {
     "negation head, negated: zero-ablation costs more than mean": (
         _TWO_LEARNED, lambda r: _ablated(r, "zero", negation_head_of(r), "negated")
@@ -299,8 +349,8 @@ def kernel_path_changes(study: Study) -> tuple[int, int]:
     return sum(learned(a) != learned(b) for a, b in pairs), len(pairs)
 
 
-# How much of the chapters' wording each count supports: "all" (in every run), "most" (in at
-# least two thirds of them), "some" (in at least one, fewer than two thirds), "none"; or, where the
+# How much of the chapters' wording each count supports: "all" (in every run), "most" (in more
+# than two thirds of them), "some" (in at least one, two thirds or fewer), "none"; or, where the
 # text gives the count itself, that count, (k, n).
 STATED: dict[str, str | tuple[int, int]] = {
     "untrained: no head has a role": "all",
@@ -317,6 +367,8 @@ STATED: dict[str, str | tuple[int, int]] = {
     "the sentiment word looks at 'not' more than uniform attention": "most",
     "plain: one polarity's word gets a role, the other's none": (10, 24),
     "plain, word deleted: read as the polarity no head looks at": "all",
+    "both polarities looked at: word deleted, read one way": (12, 14),
+    "plain, word deleted: read as the polarity fewer heads look at": (17, 18),
     "zero-ablating the other head: a negated group near chance or inverted": "all",
     "mean-ablating the other head: a negated group near chance or inverted": "all",
     "resample-ablating the other head: a negated group near chance or inverted": "all",
@@ -330,6 +382,11 @@ STATED: dict[str, str | tuple[int, int]] = {
     "resample-ablating the negation head: a plain group inverted": (11, 24),
     "mean-ablating the negation head: both plain groups inverted": (5, 24),
     "mean-ablating the negation head: both negated groups still learned": (15, 24),
+    "plain-only mean, negation head: a plain group near chance or inverted": (12, 24),
+    "plain-only mean, negation head: a plain group inverted": (10, 24),
+    "plain-only mean, negation head: both negated groups still learned": (8, 24),
+    "negated-only mean, negation head: a plain group inverted": "all",
+    "negated-only mean, negation head: both negated groups still learned": "most",
     "resample-ablating the negation head: both negated groups still learned": "none",
     "negation head, negated: zero-ablation costs more than mean": (14, 24),
     "negation head, negated: resample costs more than mean": "most",
@@ -358,16 +415,17 @@ def robust_seeds(study: Study, num_heads: int = 2) -> list[int]:
             and r["seed"] in replicas and learned(r) and learned(replicas[r["seed"]])]
 
 
-MOST = 2 / 3  # "most" runs: at least two in three; a count between one and that is given as "k of n"
+MOST = 2 / 3  # "most" runs: more than two in three; a count from one up to that is given as "k of n"
 
 
 def wording(k: int, n: int) -> str:
-    """What ``k`` of ``n`` runs support: ``"all"``, ``"most"`` (at least :data:`MOST`, two
-    thirds), ``"some"`` (at least one, fewer than two thirds: the text then gives the count) or
-    ``"none"``. A bare majority such as 14 of 25 is not "most": one run either way would tip it."""
+    """What ``k`` of ``n`` runs support: ``"all"``, ``"most"`` (more than :data:`MOST`, two
+    thirds: 17 of 24, not 16), ``"some"`` (at least one, two thirds or fewer: the text then gives
+    the count) or ``"none"``. A bare majority such as 14 of 25 is not "most": one run either way
+    would tip it; nor is a count exactly at the bar."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    return "all" if k == n else "none" if k == 0 else "most" if k >= MOST * n else "some"
+    return "all" if k == n else "none" if k == 0 else "most" if 3 * k > 2 * n else "some"
 
 
 def findings_table(study: Study, names: Sequence[str] | None = None) -> str:
@@ -404,23 +462,27 @@ def check_findings(run: Run) -> dict[str, bool]:
 
 def ablation_outcomes(study: Study, who: str, how: str) -> dict[str, Counter[str]]:
     """``{group: Counter({outcome: runs})}``: what ablating each two-head run's ``who`` head
-    (``"negation"`` or ``"other"``) ``how`` (zero, mean or resample) does to each of the four
-    groups, over the runs that learned; outcomes as :func:`outcome` names them."""
-    if who not in ("negation", "other") or how not in ABLATIONS:
-        raise ValueError(f"who must be 'negation' or 'other' and how one of {ABLATIONS}, got {who!r}, {how!r}")
+    (``"negation"`` or ``"other"``) ``how`` (zero, mean or resample, or one of
+    :data:`MEAN_CONTROLS`) does to each of the four groups, over the runs that learned; outcomes
+    as :func:`outcome` names them."""
+    if who not in ("negation", "other") or how not in ABLATIONS + MEAN_CONTROLS:
+        raise ValueError(f"who must be 'negation' or 'other' and how one of {ABLATIONS + MEAN_CONTROLS}, "
+                         f"got {who!r}, {how!r}")
     head_of = negation_head_of if who == "negation" else other_head_of
     runs = study.values(lambda r: r, where=_TWO_LEARNED)
     return {g: Counter(outcome(r, _ablated(r, how, head_of(r), g)) for r in runs) for g in FOUR_GROUPS}
 
 
-def outcomes_table(study: Study) -> str:
-    """Every head (negation, other) ablated every way, one line each: per group, how many runs
-    still learned / hurt / near chance / inverted (the outcomes of :func:`outcome`)."""
+def outcomes_table(study: Study, rows: Sequence[tuple[str, str]] | None = None) -> str:
+    """Heads ablated, one line per ``(who, how)`` of ``rows`` (default: the negation and the
+    other head, each ablated the three ways of ``ABLATIONS``): per group, how many runs still
+    learned / hurt / near chance / inverted (the outcomes of :func:`outcome`)."""
+    rows = [(who, how) for who in ("negation", "other") for how in ABLATIONS] if rows is None else rows
     short = "/".join(o.split()[-1] for o in OUTCOMES)  # learned/hurt/chance/inverted
     lines = [f"{'runs: ' + short:>36}" + "".join(f"{g:>14}" for g in FOUR_GROUPS)]
-    for who in ("negation", "other"):
-        for how in ABLATIONS:
-            counts = ablation_outcomes(study, who, how)
-            cells = ["/".join(f"{counts[g][o]}" for o in OUTCOMES) for g in FOUR_GROUPS]
-            lines.append(f"{f'{how}-ablated {who} head':>36}" + "".join(f"{c:>14}" for c in cells))
+    for who, how in rows:
+        counts = ablation_outcomes(study, who, how)
+        cells = ["/".join(f"{counts[g][o]}" for o in OUTCOMES) for g in FOUR_GROUPS]
+        label = f"{how}-ablated {who} head" if how in ABLATIONS else f"{who} head, {how}"
+        lines.append(f"{label:>36}" + "".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)

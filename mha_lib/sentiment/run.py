@@ -20,7 +20,9 @@ Each run holds ``seed``, ``data_seed``, ``num_heads``, ``replica``, the kernel p
 - ``"heads"`` (chapter 07, :func:`measure_heads`): the held-out accuracy per group; each
   head's share of ``<cls>``'s attention per group and role; the sentiment word's share on "not"
   and "not"'s on the sentiment word; the accuracy with each head ablated three ways (zero,
-  mean, resample) and with the feed-forward sublayer off; each term's direct logit attribution
+  mean, resample), with each head mean-ablated by its mean over the plain reference
+  sentences only and over the negated ones only (``"mean_from"``, the control of
+  mean-ablation), and with the feed-forward sublayer off; each term's direct logit attribution
   per group; and, after every epoch, the held-out accuracy and each head's share of
   ``<cls>``'s attention on "not" and on the sentiment word (``"history"``);
 - ``"halves"`` (chapter 12, two heads only, :func:`measure_halves`): accuracy on plain
@@ -133,6 +135,11 @@ def measure_heads(model: SentimentClassifier, test: Sequence[Example], vocab: Vo
     negated = [test[i] for i in groups["negated"]]
     ablation = {how: {f"head {h}": _accuracy(ablated_accuracy(model, test, vocab, [h], how, train, seed), groups)
                       for h in range(model.num_heads)} for how in ABLATIONS}
+    # the control of mean-ablation: the mean over the plain (or the negated) reference sentences only
+    mean_from = {kind: {f"head {h}": _accuracy(ablated_accuracy(model, test, vocab, [h], "mean", reference), groups)
+                        for h in range(model.num_heads)}
+                 for kind, reference in (("plain", [e for e in train if not e.negated]),
+                                         ("negated", [e for e in train if e.negated]))}
     with feed_forward_off(model):
         ffn_off = accuracy()
     attribution = {}
@@ -148,6 +155,7 @@ def measure_heads(model: SentimentClassifier, test: Sequence[Example], vocab: Vo
         "word_to_not": _shares(model, negated, vocab, query="sentiment word")["not"],
         "not_to_word": _shares(model, negated, vocab, query="not")["sentiment word"],
         "ablation": ablation,
+        "mean_from": mean_from,
         "feed_forward_off": ffn_off,
         "without_word": {kind: _round(predict(model, without_sentiment_word([test[i] for i in groups[kind]]),
                                               vocab).float().mean()) for kind in ("plain", "negated")},
