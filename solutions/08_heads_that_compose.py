@@ -601,10 +601,11 @@ for l in range(model.num_layers):
 
 # %%
 # SOLUTION ONLY
-# What the model answer below says, checked on this model. "Copies": a score at least halfway from
-# the baseline 1/V to 1 (chapter 08's rule for a role); "chance": at most 4 of 64.
+# What the model answer below says, checked on this model. "Copies" here is beyond random weights: a
+# score at least halfway from 1/V to 1 (chapter 08 also counts against a stronger baseline, its
+# one-layer control); "chance": at most 4 of 64.
 chance, copies = 4 / VOCAB_SIZE, role_threshold(1 / VOCAB_SIZE)
-assert (copying[1] >= copies).all()  # every induction head copies
+assert (copying[1] >= copies).all()  # every layer-2 head copies beyond random weights
 assert copying[0, key_head] <= chance  # the necessary head of layer 1 does not
 assert (at_random <= chance).all()  # nor does any head of the untrained model
 copiers = [h for h in range(4) if h != key_head and copying[0, h] >= copies]
@@ -616,7 +617,7 @@ print(f"layer 2 copies ({copying[1].min():.2f} or more); layer 1's head {key_hea
 # <!-- BEGIN ANSWER -->
 # **Model answer.** *(Asserted in the cell above, on the shipped model.)*
 #
-# *The induction heads copy.* All four heads of layer 2 score 0.6 to 0.7, about forty times the
+# *Layer 2's heads copy.* All four heads of layer 2 score 0.6 to 0.7, about forty times the
 # 0.016 of weights unrelated to copying: for two thirds of the 64 tokens, attending to a token
 # raises that token's own logit more than any other. The untrained model's heads all score at
 # most 2 of 64, chance, so the copying was learned.
@@ -628,8 +629,8 @@ print(f"layer 2 copies ({copying[1].min():.2f} or more); layer 1's head {key_hea
 # position further, and copy *what* they find there. (Which input of layer 2 reads the head's
 # position part is what removing it from one input at a time tells; chapter 08 does that.)
 #
-# *Copying weights are not a used head.* Heads 0 and 3 of layer 1 copy by their weights (0.67
-# and 0.59), yet silencing either costs little (exercise 8.3). The OV circuit says what a head
+# *Copying weights are not a used head.* Heads 0 and 3 of layer 1 copy by their weights, beyond
+# random weights (0.67 and 0.59), yet silencing either costs little (exercise 8.3). The OV circuit says what a head
 # would do with a token if it attended to it; the ablation says whether the model needs what the
 # head actually writes. Neither replaces the other.
 # <!-- END ANSWER -->

@@ -13,7 +13,15 @@ import torch
 from mha_lib.induction import repeated_segments, uniform_induction_score, uniform_previous_token_score
 from mha_lib.induction import study as study_module
 from mha_lib.induction.__main__ import main as cli
-from mha_lib.induction.findings import FINDINGS, STATED, check_findings, count_findings
+from mha_lib.induction.findings import (
+    FINDINGS,
+    STATED,
+    STATED_HEADS,
+    check_findings,
+    copying_control,
+    count_findings,
+    count_head_findings,
+)
 from mha_lib.induction.run import CONFIGS, EVAL_SEED, baselines, role_threshold, run_seed
 from mha_lib.induction.study import load_study, study_jobs
 
@@ -61,17 +69,20 @@ def test_the_committed_study_has_independent_runs_of_every_configuration(study):
 def test_the_committed_study_gives_the_counts_the_chapter_states(study):
     counts = count_findings(study)
     assert counts == STATED, {name: (counts[name], STATED[name]) for name in counts if counts[name] != STATED[name]}
+    heads = count_head_findings(study)
+    assert heads == STATED_HEADS, {name: (heads[name], STATED_HEADS.get(name)) for name in heads
+                                   if heads[name] != STATED_HEADS.get(name)}
     # a finding says something: each can be false, and the untrained models are where they are
     untrained = [dict(run, scores=run["untrained"]) for run in study.runs if run["config"] == "learned"
                  and run["num_layers"] == 2 and run["phase_change"] is not None]
-    for name in ("learned: all four layer-2 heads are induction heads", "learned: a duplicate-token head in layer 1"):
+    for name in ("learned: all four layer-2 heads have the induction pattern", "learned: a duplicate-token head in layer 1"):
         assert not any(FINDINGS[name][1](run) for run in untrained), f"{name!r} holds before training too"
 
 
 def test_check_findings_speaks_only_to_the_runs_a_finding_is_about(study):
     one_layer = next(r for r in study.runs if r["num_layers"] == 1)
-    assert set(check_findings(one_layer)) == {"untrained: no head has a role", "untrained: no head copies",
-                                               "one layer never changes phase", "one layer: no induction head"}
+    assert set(check_findings(one_layer)) == {"untrained: no head has a role", "untrained: no head copies, by either measure",
+                                               "one layer never changes phase", "one layer: no induction pattern"}
     stuck = next(r for r in study.runs if r["num_layers"] == 2 and r["phase_change"] is None)
     assert not any(name.startswith("learned: a duplicate") for name in check_findings(stuck))
 
@@ -182,15 +193,15 @@ def test_the_mechanism_counts_recounted_by_hand():
     single = sum(sum(s >= base["induction_head"] for s in r["scores"][0]["duplicate"]) == 1 for r in runs)
     assert STATED["learned: one duplicate-token head only"] == (single, n)
     copies = sum(min(r["copying"]["score"][1]) >= base["copying_head"] for r in runs)
-    assert STATED["learned: all four layer-2 heads copy"] == (copies, n)
+    assert STATED["learned: all four layer-2 heads copy beyond random weights"] == (copies, n)
     p99 = base["random_composition_p99"]
     high_q = sum(min(r["weight_composition"]["q"][d]) >= p99 for r, d in zip(runs, dup))
     no_high_k = sum(max(x for row in r["weight_composition"]["k"] for x in row) < p99 for r in runs)
     assert STATED["learned: high Q-composition of the duplicate-token head with every layer-2 head"] == (high_q, n)
     assert STATED["learned: no high K-composition score"] == (no_high_k, n)
     untrained = [max(x for layer in r["untrained_copying"]["score"] for x in layer) < data["baselines"][r["config"]]["copying_head"]
-                 for r in data["runs"]]
-    assert STATED["untrained: no head copies"] == (sum(untrained), len(untrained))
+                 and max(x for layer in r["untrained_copying"]["eigen"] for x in layer) < 0.5 for r in data["runs"]]
+    assert STATED["untrained: no head copies, by either measure"] == (sum(untrained), len(untrained))
     two = [r for r in data["runs"] if r["num_layers"] == 2]
     agree = sum((r["phase_change"] is not None) == (r["loss"]["predictable"] < data["baselines"][r["config"]]["phase_threshold"])
                 for r in two)
@@ -210,10 +221,96 @@ def test_the_mechanism_findings_can_fail():
     broken["weight_composition"]["k"][0][0] = 0.5
     verdicts = check_findings(broken)
     for name in ("learned: the position part is needed in the queries", "learned: the token part is not needed in the queries",
-                 "learned: all four layer-2 heads copy",
+                 "learned: all four layer-2 heads copy beyond random weights",
+                 "learned: all four layer-2 heads copy beyond the one-layer control",
+                 "learned: all four layer-2 heads are induction heads",
                  "learned: high Q-composition of the duplicate-token head with every layer-2 head",
                  "learned: no high K-composition score"):
         assert verdicts[name] is False, name
+
+
+def test_the_copying_and_composition_counts_recounted_by_hand():
+    # items of the chapter 08 review: two copying measures, the one-layer control, Q/K/V one by one, a noise floor
+    data = _raw()
+    base = data["baselines"]["learned"]
+    one = [s for r in data["runs"] if r["num_layers"] == 1 for s in r["copying"]["score"][0]]
+    assert len(one) == 96
+    mean = sum(one) / len(one)
+    line = mean + (1 - mean) / 2  # halfway from the control's mean to a perfect copier
+    assert copying_control()["threshold"] == pytest.approx(line) and max(one) < line
+    assert round(line, 3) == 0.626
+    heads = {}
+    for config in ("learned", "rotary"):
+        runs = _changed(data, config)
+        for layer in (1, 0):
+            ind = [r["scores"][layer]["induction"][h] >= base["induction_head"] for r in runs for h in range(4)]
+            arg = [r["copying"]["score"][layer][h] for r in runs for h in range(4)]
+            eig = [r["copying"]["eigen"][layer][h] for r in runs for h in range(4)]
+            n, name = len(arg), f"{config}, layer {layer + 1}"
+            heads[f"{name}: induction pattern"] = (sum(ind), n)
+            heads[f"{name}: copies beyond random weights"] = (sum(a >= base["copying_head"] for a in arg), n)
+            heads[f"{name}: copies beyond the one-layer control"] = (sum(a >= line for a in arg), n)
+            heads[f"{name}: copies by the eigenvalue measure"] = (sum(e >= 0.5 for e in eig), n)
+            heads[f"{name}: induction head"] = (sum(i and a >= line for i, a in zip(ind, arg)), n)
+    one_eigen = [e for r in data["runs"] if r["num_layers"] == 1 for e in r["copying"]["eigen"][0]]
+    heads["one layer: copies beyond random weights"] = (sum(a >= base["copying_head"] for a in one), 96)
+    heads["one layer: copies beyond the one-layer control"] = (sum(a >= line for a in one), 96)
+    heads["one layer: copies by the eigenvalue measure"] = (sum(e >= 0.5 for e in one_eigen), 96)
+    assert heads == STATED_HEADS
+    runs = _changed(data, "learned")
+    n, p99, threshold = len(runs), base["random_composition_p99"], base["phase_threshold"]
+    all_heads = sum(all(r["scores"][1]["induction"][h] >= base["induction_head"] and r["copying"]["score"][1][h] >= line
+                        for h in range(4)) for r in runs)
+    assert STATED["learned: all four layer-2 heads are induction heads"] == (all_heads, n)
+    assert STATED["learned: all four layer-2 heads copy beyond the one-layer control"] == (
+        sum(min(r["copying"]["score"][1]) >= line for r in runs), n)
+    dups = [[h for h in range(4) if r["scores"][0]["duplicate"][h] >= base["induction_head"]] for r in runs]
+    rows_q = [[h for h in range(4) if min(r["weight_composition"]["q"][h]) >= p99] for r in runs]
+    assert STATED["learned: the layer-1 heads with high Q-composition are the duplicate-token heads"] == (
+        sum(q == d for q, d in zip(rows_q, dups)), n)
+    two = [(r, d) for r, d in zip(runs, dups) if len(d) > 1]
+    assert STATED["learned: a second duplicate-token head is not needed in the queries"] == (
+        sum(all(r["composition"]["q"]["loss"][h] < threshold for h in d if h != _argmax(r["scores"][0]["duplicate"]))
+            for r, d in two), len(two))
+    assert STATED["learned: a high V-composition score"] == (
+        sum(any(x >= p99 for row in r["weight_composition"]["v"] for x in row) for r in runs), n)
+    assert STATED["learned: no duplicate-token head has a high V-composition score"] == (
+        sum(all(x < p99 for h in d for x in r["weight_composition"]["v"][h]) for r, d in zip(runs, dups)), n)
+    assert STATED["learned: all four layer-1 heads removed from the values lower the loss"] == (
+        sum(r["composition"]["v"]["all"] < r["loss"]["predictable"] for r in runs), n)
+    rotary = _changed(data, "rotary")
+    above = 0
+    for r in rotary:
+        dup = r["scores"][0]["duplicate"]
+        best, lowest = _argmax(dup), min(range(4), key=dup.__getitem__)
+        q = r["composition"]["q"]["loss"]
+        above += q[best] - r["loss"]["predictable"] > q[lowest] - r["loss"]["predictable"]
+    assert STATED["rotary: it raises the loss more than the control head does"] == (above, len(rotary))
+    assert STATED["rotary: all four layer-2 heads copy by the eigenvalue measure"] == (
+        sum(min(r["copying"]["eigen"][1]) >= 0.5 for r in rotary), len(rotary))
+
+
+def test_the_new_findings_can_fail():
+    data = _raw()
+    run = _changed(data, "learned")[0]
+    broken = json.loads(json.dumps(run))
+    broken["copying"]["eigen"][1][2] = 0.1  # a layer-2 head whose circuit does not raise its own token
+    broken["copying"]["score"][1] = [0.9] * 4  # every layer-2 head copies beyond the control
+    broken["weight_composition"]["q"][0] = [0.5] * 4  # a head that is not a duplicate-token head, high Q
+    broken["weight_composition"]["v"] = [[0.01] * 4] * 4  # no high V-composition
+    broken["composition"]["v"]["all"] = 4.0  # the values need layer 1 after all
+    verdicts = check_findings(broken)
+    for name, expected in (("learned: all four layer-2 heads copy by the eigenvalue measure", False),
+                           ("learned: all four layer-2 heads are induction heads", True),
+                           ("learned: the layer-1 heads with high Q-composition are the duplicate-token heads", False),
+                           ("learned: a high V-composition score", False),
+                           ("learned: all four layer-1 heads removed from the values lower the loss", False)):
+        assert verdicts[name] is expected, name
+    rotary = json.loads(json.dumps(_changed(data, "rotary")[0]))
+    dup = rotary["scores"][0]["duplicate"]
+    lowest = min(range(4), key=dup.__getitem__)
+    rotary["composition"]["q"]["loss"][lowest] = 4.0  # the control head costs more than the duplicate-token head
+    assert check_findings(rotary)["rotary: it raises the loss more than the control head does"] is False
 
 
 def test_the_shipped_model_is_the_study_run_of_seed_0(study):
