@@ -767,10 +767,11 @@ if device.type == "cpu" and load_is_low():
 # (for 0.56 of the tiles), and 0.48 and 0.57 for the halves mask (for 0.50).
 #
 # PyTorch's FlexAttention (`torch.nn.attention.flex_attention`) is built on the same test. You
-# describe the mask as a function of the positions, `mask_mod(b, h, q_idx, kv_idx)`, and
-# `create_block_mask` evaluates it once per tile of 128 × 128 and keeps, for every block of
-# queries, the tiles to compute: `kv_num_blocks` counts those that need the mask and
-# `full_kv_num_blocks` those that need none. Its picture and its counts are ours:
+# describe the mask as a function of the positions, `mask_mod(b, h, q_idx, kv_idx)`;
+# `create_block_mask` evaluates it at every position once, before any attention runs, and keeps,
+# for every block of 128 queries, the tiles of 128 keys to compute: `kv_num_blocks` counts those
+# that need the mask and `full_kv_num_blocks` those that need none. Its picture and its counts
+# are ours:
 
 # %%
 from torch.nn.attention.flex_attention import create_block_mask
