@@ -28,6 +28,17 @@ EPILOG = f"""exit status of `start`: 0 copied; {EXIT_ALREADY_STARTED} you alread
 copied); 1 an error (no such exercise, no course folder). `progress` exits 0 whatever your results."""
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number >= 1, else argparse's clear error."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (how many notebooks run at once)")
+    return jobs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mha_course", epilog=EPILOG,
                                      description="The course's exercises, in your own workspace.")
@@ -67,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     grade_cmd.add_argument("--points", action="append", default=[], metavar="N.M=P",
                            help="what exercise N.M is worth (default: as stated in solutions/, else 1); "
                                 "repeat or separate with commas: --points 1.4=2,2.1=3")
+    grade_cmd.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
+                           help="how many notebooks to run at once, each in its own kernel (default: the "
+                                "number of cores; 1 runs them one after another)")
+    grade_cmd.add_argument("--all-cells", action="store_true",
+                           help="also run the cells below each notebook's last check (their errors get a row of "
+                                "0 points); by default grading stops there, where no verdict can change")
+    grade_cmd.add_argument("--no-fork", action="store_true",
+                           help="start every kernel from scratch, as `make progress` does (slower: each one "
+                                "imports PyTorch again); by default kernels are forked from one that did")
     export_cmd = commands.add_parser(
         "export", help="(instructors) write the exercises as nbgrader or Otter Assign assignments",
         description="Write one assignment per chapter from solutions/ (the exercises' single source): "
@@ -100,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
             timeout = grade.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
             return grade.main(args.submissions, args.chapters, output=args.output, timeout=timeout, seed=args.seed,
-                              points=args.points, force=args.force)
+                              points=args.points, force=args.force, jobs=args.jobs, all_cells=args.all_cells,
+                              fork=not args.no_fork)
         elif args.command == "export":
             from . import export
 

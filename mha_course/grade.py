@@ -3,10 +3,15 @@
 Each subfolder of ``SUBMISSIONS/`` is one student's ``workspace/`` (or holds it: ``alice/workspace/``),
 named after the student. Every notebook in it that is named after an exercise notebook of the course
 (``01_dot_product_attention.ipynb``) runs as ``make progress`` runs it (:mod:`mha_course.progress`,
-the same code): a copy, in a fresh kernel, within the same time limit per notebook, each check's
+the same code): a copy, in a new kernel of its own, within the same time limit per notebook, each check's
 last verdict kept. A notebook that raises, runs past the limit, or is not valid JSON costs only
 its own exercises' points. A notebook saved under another chapter's name (it calls that chapter's
 checks) is not run and scores 0, with a line that says so.
+
+Faster than ``make progress``, with the same verdicts: ``--jobs N`` notebooks at once (default: the
+cores; the CSV's rows in the same order), each kernel forked from a server that imported PyTorch once
+(:mod:`mha_course.progress.forking`; ``--no-fork`` starts them from scratch), and each notebook stopped
+after its last check cell (``--all-cells`` runs the rest too).
 
 The output: a CSV with one row per student and exercise (student, chapter, exercise, points,
 max_points, verdict, message, hint: its first line) and a summary table on stdout (each
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
 import time
@@ -28,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .progress.exercises import Exercise, _source, check_calls, course_exercises
-from .progress.results import NOT_RUN, NOT_STARTED, PASSED, Row, _clip, _one_line
+from .progress.results import ERROR, NOT_RUN, NOT_STARTED, PASSED, Row, _clip, _one_line
 from .progress.runner import AFTER_CHECKS, DEFAULT_TIMEOUT, check_workspace
 from .workspace import WorkspaceError, course_root
 
-__all__ = ["COLUMNS", "GradeError", "Grades", "NOT_SUBMITTED", "WRONG_CHAPTER", "grade", "main", "parse_points",
-           "summary", "write_csv"]
+__all__ = ["COLUMNS", "GradeError", "Grades", "NOT_SUBMITTED", "WRONG_CHAPTER", "check_jobs", "default_jobs", "grade",
+           "main", "parse_points", "summary", "write_csv"]
 
 COLUMNS = ("student", "chapter", "exercise", "points", "max_points", "verdict", "message", "hint")
 NOT_SUBMITTED = "not submitted"  # the student's folder has no notebook of this chapter
@@ -52,7 +58,9 @@ class Grades:
     rows: list[dict] = field(default_factory=list)
     students: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)  # per student: the time their notebooks took
+    seconds: dict[str, float] = field(default_factory=dict)  # per student: the seconds their notebooks ran
+    wall: float = 0.0  # seconds from the first notebook's start to the last one's end
+    jobs: int = 1  # how many notebooks ran at once
 
 
 def parse_points(specs: Iterable[str], exercises: dict[str, list[Exercise]]) -> dict[str, float]:
@@ -145,11 +153,53 @@ def _first_line(text: str) -> str:
     return _one_line(next((line for line in str(text).splitlines() if line.strip()), ""))
 
 
+def default_jobs() -> int:
+    """How many notebooks ``grade`` runs at once unless told: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_jobs(jobs: object) -> int:
+    """``jobs`` as a whole number >= 1, or a :class:`GradeError` that says what was wrong."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise GradeError(f"--jobs {jobs!r}: give how many notebooks to run at once, a whole number >= 1 "
+                         f"(e.g. --jobs {default_jobs()}, the cores of this machine)")
+    return jobs
+
+
+def _thread_env(jobs: int) -> dict[str, str]:
+    """With several kernels at once, each one's PyTorch gets its share of the cores (``OMP_NUM_THREADS``):
+    2 kernels of 2 threads each on 2 cores would only take turns. Unset with one job (as ``make progress``),
+    and never changed when the instructor set it."""
+    if jobs == 1 or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, default_jobs() // jobs))}
+
+
+def _grade_notebook(root: Path, workspace: Path, stem: str, timeout: float, env: dict[str, str],
+                    all_cells: bool, fork: bool) -> tuple[list[Row], float | None]:
+    """One student's notebook of one chapter, as ``make progress`` checks it: its rows, and the seconds
+    it ran (None when there was nothing to run). Runs in a worker process when ``--jobs`` > 1."""
+    ran: list[float] = []
+    report = check_workspace(root, timeout=timeout, chapters=[stem], workspace=workspace, env=env,
+                             on_notebook=lambda _name, seconds: ran.append(seconds), below_last_check=all_cells,
+                             fork=fork)
+    return report.rows, (ran[0] if ran else None)
+
+
 def grade(submissions: Path, root: Path | None = None, timeout: float = DEFAULT_TIMEOUT, chapters: Iterable[str] = (),
           seed: int | None = None, points: dict[str, float] | None = None,
-          on_notebook: Callable[[str, str, float], None] | None = None) -> Grades:
-    """Grade every student folder in ``submissions``; see the module's docstring."""
+          on_notebook: Callable[[str, str, float], None] | None = None, jobs: int = 1,
+          all_cells: bool = False, fork: bool = True) -> Grades:
+    """Grade every student folder in ``submissions``; see the module's docstring. ``jobs``: how many
+    notebooks run at once (each in its own kernel, with its own time limit; the rows come out in the same
+    order whatever it is); ``all_cells``: also run the cells below each notebook's last check; ``fork``:
+    fork each kernel from a process that imported PyTorch once (:mod:`mha_course.progress.forking`),
+    not start it from scratch."""
     root = root or course_root()
+    jobs = check_jobs(jobs)
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise GradeError(f"{submissions} is not a folder; give the folder that holds one folder per student")
@@ -171,7 +221,10 @@ def grade(submissions: Path, root: Path | None = None, timeout: float = DEFAULT_
                          f"{folders[0].name}/); each should hold the student's copies, e.g. "
                          f"{folders[0].name}/01_dot_product_attention.ipynb")
     grades = Grades(students=[f.name for f in folders])
-    env = {} if seed is None else {"MHA_CHECK_SEED": str(seed)}
+    env = ({} if seed is None else {"MHA_CHECK_SEED": str(seed)}) | _thread_env(jobs)
+    # The plan, in the CSV's order: per student and chapter, rows known at once (a wrong chapter) or a notebook
+    # to run. The notebooks run one after another, or `jobs` at a time; the rows are put back in this order.
+    plan: list[tuple[str, str, Path, list[Row] | None]] = []
     for folder in folders:
         student, workspace = folder.name, _student_folder(folder)
         ours = [p for p in found[student] if p.stem in exercises]
@@ -183,22 +236,52 @@ def grade(submissions: Path, root: Path | None = None, timeout: float = DEFAULT_
         elif strays:
             grades.notes.append(f"{student}: not graded: {', '.join(strays)} (named after no exercise notebook "
                                 "of the course, e.g. 01_dot_product_attention.ipynb)")
-        started = time.perf_counter()
-        for stem, chapter in exercises.items():
+        grades.seconds[student] = 0.0
+        for stem in exercises:
             copy = workspace / f"{stem}.ipynb"
             wrong = _wrong_chapter(copy, stem, exercises) if copy.exists() else None
-            if wrong:
-                report_rows = [Row(stem, None, WRONG_CHAPTER, wrong)]
-            else:
-                def say(name: str, seconds: float, student: str = student) -> None:
-                    if on_notebook:
-                        on_notebook(student, name, seconds)
+            plan.append((student, stem, workspace, [Row(stem, None, WRONG_CHAPTER, wrong)] if wrong else None))
 
-                report = check_workspace(root, timeout=timeout, chapters=[stem], workspace=workspace, env=env,
-                                         on_notebook=say)
-                report_rows = report.rows
-            grades.rows += _rows_of(student, report_rows, chapter, stem, points)
-        grades.seconds[student] = time.perf_counter() - started
+    def done(student: str, stem: str, seconds: float | None) -> None:
+        if seconds is not None:
+            grades.seconds[student] += seconds
+            if on_notebook:
+                on_notebook(student, f"{stem}.ipynb", seconds)
+
+    started = time.perf_counter()
+    results: dict[int, list[Row]] = {}
+    if jobs == 1:
+        for i, (student, stem, workspace, rows) in enumerate(plan):
+            if rows is None:
+                rows, seconds = _grade_notebook(root, workspace, stem, timeout, env, all_cells, fork)
+                done(student, stem, seconds)
+            results[i] = rows
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # "spawn": a worker starts as a fresh Python (no state of this process, the same on every OS)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {}
+            for i, (student, stem, workspace, rows) in enumerate(plan):
+                if rows is None:
+                    futures[pool.submit(_grade_notebook, root, workspace, stem, timeout, env, all_cells, fork)] = i
+                else:
+                    results[i] = rows
+            for future in as_completed(futures):
+                i = futures[future]
+                student, stem, workspace, _ = plan[i]
+                try:
+                    rows, seconds = future.result()
+                except Exception as error:  # noqa: BLE001 - a worker that died: this notebook's points only
+                    rows, seconds = [Row(stem, None, ERROR, f"could not run {stem}.ipynb: "
+                                                            f"{type(error).__name__}: {_one_line(str(error))}")], None
+                done(student, stem, seconds)
+                results[i] = rows
+    grades.wall = time.perf_counter() - started
+    grades.jobs = jobs
+    for i, (student, stem, _, _) in enumerate(plan):
+        grades.rows += _rows_of(student, results[i], exercises[stem], stem, points)
     return grades
 
 
@@ -238,9 +321,11 @@ def summary(grades: Grades) -> str:
 
 
 def main(submissions: str, chapters: Iterable[str] = (), output: str = "grades.csv", timeout: float = DEFAULT_TIMEOUT,
-         seed: int | None = None, points: Iterable[str] = (), force: bool = False, root: Path | None = None) -> int:
+         seed: int | None = None, points: Iterable[str] = (), force: bool = False, root: Path | None = None,
+         jobs: int | None = None, all_cells: bool = False, fork: bool = True) -> int:
     """The command line: grade, write the CSV, print the summary; progress on stderr."""
     root = root or course_root()
+    jobs = default_jobs() if jobs is None else check_jobs(jobs)
     target = Path(output)
     if target.exists() and not force:
         raise GradeError(f"{target} exists and is kept; give another --output, or --force to replace it")
@@ -256,9 +341,10 @@ def main(submissions: str, chapters: Iterable[str] = (), output: str = "grades.c
         print(f"  {student}: ran {name} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
     grades = grade(Path(submissions), root, timeout=timeout, chapters=chapters, seed=seed, points=overrides,
-                   on_notebook=say)
+                   on_notebook=say, jobs=jobs, all_cells=all_cells, fork=fork)
     write_csv(grades, target)
     print(summary(grades), end="")
     print(f"\nWrote {target} ({len(grades.rows)} rows, {len(grades.students)} students)"
           + (f"; checks ran on hidden inputs (seed {seed})." if seed is not None else "."))
+    print(f"Graded in {grades.wall:.0f} s, {jobs} notebook{'s' if jobs > 1 else ''} at a time.")
     return 0

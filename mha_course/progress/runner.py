@@ -102,12 +102,17 @@ AFTER_CHECKS = "(below the last check)"  # the label of the row of a cell below 
 
 
 def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeout: float,
-         outcomes: dict[str, Outcome], after: list[Row] | None = None, env: dict[str, str] | None = None) -> Row | None:
+         outcomes: dict[str, Outcome], after: list[Row] | None = None, env: dict[str, str] | None = None,
+         below_last_check: bool = True, fork: bool = False) -> Row | None:
     """Run the notebook's cells, all of them, in one fresh kernel, and fill in ``outcomes``.
     Returns a row for the whole notebook when the run stopped outside every exercise (a cell at
     the top that hangs, or a kernel that dies there). A cell below the last check that raises,
     hangs or kills the kernel adds a row to ``after`` (the checks above have their verdicts).
-    ``env``: variables added to the kernel's environment (``grade`` passes ``MHA_CHECK_SEED``)."""
+    ``env``: variables added to the kernel's environment (``grade`` passes ``MHA_CHECK_SEED``).
+    ``below_last_check=False`` stops after the last cell that calls a check: no verdict can change
+    below it (``grade`` does this unless told ``--all-cells``; ``make progress`` runs every cell).
+    ``fork=True``: the kernel is forked from a process that has imported PyTorch and mha_lib
+    (:mod:`~mha_course.progress.forking`; ``grade`` does this), where this platform allows."""
     after = [] if after is None else after
     import logging
 
@@ -126,11 +131,17 @@ def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeo
     with tempfile.TemporaryDirectory(prefix="mha-progress-") as tmp:
         log = Path(tmp) / "checks.jsonl"
         log.touch()
+        manager = None
+        if fork:
+            from .forking import kernel_manager_class
+
+            manager = kernel_manager_class(dict(os.environ, **(env or {})))
         env = dict(os.environ, **(env or {}), MHA_CHECK_LOG=str(log), PYTHONUNBUFFERED="1")
         client = NotebookClient(
             nb, timeout=int(timeout), allow_errors=True, kernel_name="python3", log=quiet,
             shutdown_kernel="immediate", record_timing=False,
             resources={"metadata": {"path": str(workspace)}},
+            **({"kernel_manager_class": manager} if manager else {}),
         )
         # The kernel's own output (not the cells') goes nowhere: the table is the report.
         with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
@@ -139,6 +150,8 @@ def _run(nb: NotebookNode, workspace: Path, owners: list[Exercise | None], timeo
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
+                if index > check_cells[-1] and not below_last_check:
+                    break
                 if index > check_cells[-1]:  # below every check: its errors are the notebook's own
                     client.timeout = max(1, int(deadline - time.monotonic() + 0.999))
                     try:
@@ -266,7 +279,8 @@ def verdict_and_hint(exercise: Exercise, outcome: Outcome,
 
 
 def _check_notebook(path: Path, exercises: list[Exercise], timeout: float,
-                    env: dict[str, str] | None = None) -> list[Row]:
+                    env: dict[str, str] | None = None, below_last_check: bool = True,
+                    fork: bool = False) -> list[Row]:
     """The rows of one notebook of ``workspace/``: one per exercise, after a row for the whole
     notebook when it could not be read or run (or stopped above the exercises)."""
     chapter = path.stem
@@ -295,7 +309,7 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float,
     outcomes = {e.number: Outcome() for e in exercises}
     after: list[Row] = []
     try:
-        whole = _run(nb, path.parent, owners, timeout, outcomes, after, env)
+        whole = _run(nb, path.parent, owners, timeout, outcomes, after, env, below_last_check, fork)
     except Exception as error:  # noqa: BLE001 - the kernel would not start, ...
         return [Row(chapter, None, ERROR, f"could not run workspace/{path.name}: "
                                           f"{type(error).__name__}: {_one_line(str(error))}")]
@@ -308,13 +322,16 @@ def _check_notebook(path: Path, exercises: list[Exercise], timeout: float,
 
 def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
                     chapters: Iterable[str] = (), on_notebook: Callable[[str, float], None] | None = None,
-                    workspace: Path | None = None, env: dict[str, str] | None = None) -> Report:
+                    workspace: Path | None = None, env: dict[str, str] | None = None,
+                    below_last_check: bool = True, fork: bool = False) -> Report:
     """Run the learner's notebooks and return what the table shows.
 
     ``chapters``: numbers ("01") or stems to limit the report to; ``on_notebook(name, seconds)``
     is called after each notebook ran (the command line prints it as it goes). ``workspace``: the
     folder of notebooks (default ``root/workspace``; ``grade`` passes a student's); ``env``:
-    variables added to each kernel's environment.
+    variables added to each kernel's environment; ``below_last_check=False``: stop each notebook
+    after its last check cell; ``fork``: kernels forked from a process that imported PyTorch (see
+    :func:`_run`).
     """
     root = root or course_root()
     workspace = workspace or root / "workspace"
@@ -331,7 +348,7 @@ def check_workspace(root: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
                                 else "not started") for i, e in enumerate(chapter_exercises)]
             continue
         began = time.perf_counter()
-        rows = _check_notebook(copy, chapter_exercises, timeout, env)
+        rows = _check_notebook(copy, chapter_exercises, timeout, env, below_last_check, fork)
         report.rows += rows
         report.notebooks_run += rows[0].status != UNREADABLE
         if on_notebook:
