@@ -819,13 +819,13 @@ print(findings_table(study, [name for name in CONTROL_FINDINGS if name in STATED
 
 # %% [markdown]
 # Read the rows top to bottom. Written into plain sentences, the head's mean over **negated**
-# sentences inverts a plain group in all 24 runs: the model reads this head's output as "'not'
-# is here" or "it is not", and a "here" makes "good" read as "not good". The mean over all
-# sentences carries part of that "here", and that is part of why the plain sentences broke
-# above: with the mean over **plain** sentences only, a plain group is near chance or worse in
-# 12 of 24 runs (inverted in 10), against 21 (16) with the mixed mean. So the reading "needed to
-# report that no 'not' is there" was in part the mixed mean's artefact. What the control
-# supports: the model reads the negation head as a report of "not" either way. In negated
+# sentences inverts a plain group in all 24 runs: the model reads this head's output as a yes or
+# no about "not", and a "yes" makes "good" read as "not good". The mean over all sentences
+# carries part of that "yes", and that is part of why the plain sentences broke above: with the
+# mean over **plain** sentences only, a plain group is near chance or worse in 12 of 24 runs
+# (inverted in 10), against 21 (16) with the mixed mean, and those 12 are among the 21. So the
+# reading "needed to report that no 'not' is there" was in part the mixed mean's artefact. What
+# the control supports: the model reads the negation head as a report of "not" either way. In negated
 # sentences its average report is all the model needs from it (both negated groups stay learned
 # with the negated-only mean in 23 of 24 runs); in plain sentences the average "no 'not'" keeps
 # both plain groups above near chance in only 12 of 24. In the other 12 the model needs the
@@ -990,8 +990,8 @@ for order in permutations(("not", "good", "bad")):  # highest score first
 # ways out: a split that differs between the two sentences (its scores do depend on which word
 # is there, and the extreme above shows where that ends), or a non-linear step after the head,
 # the feed-forward network or the LayerNorm. So the argument is about one head whose mix is read
-# linearly; it does not prove that no one-head model can learn the task. The trained runs are
-# the evidence for that, below.
+# linearly; it does not prove that no one-head model can learn the task. What the one-head runs
+# did is counted below.
 
 # %%
 g = torch.Generator().manual_seed(0)

@@ -302,6 +302,15 @@ for _how in MEAN_CONTROLS:
         _CONTROLLED, lambda r, how=_how: all(outcome(r, _ablated(r, how, negation_head_of(r), g)) == "still learned"
                                              for g in _NEGATED))
 del _how, _plain_outcomes
+
+
+def _plain_broken(run: Run, how: str) -> bool:
+    """Ablating the negation head ``how`` leaves a plain group near chance or worse."""
+    return any(_near_chance(run, _ablated(run, how, negation_head_of(run), g)) for g in _PLAIN)
+
+
+FINDINGS["plain-only mean, negation head: where a plain group breaks, the mixed mean breaks one too"] = (
+    lambda r: _CONTROLLED(r) and _plain_broken(r, "plain-only mean"), lambda r: _plain_broken(r, "mean"))
 CONTROL_FINDINGS = [name for name in FINDINGS if name.startswith(MEAN_CONTROLS)]
 FINDINGS |= {
     "negation head, negated: zero-ablation costs more than mean": (
@@ -385,6 +394,7 @@ STATED: dict[str, str | tuple[int, int]] = {
     "plain-only mean, negation head: a plain group near chance or inverted": (12, 24),
     "plain-only mean, negation head: a plain group inverted": (10, 24),
     "plain-only mean, negation head: both negated groups still learned": (8, 24),
+    "plain-only mean, negation head: where a plain group breaks, the mixed mean breaks one too": "all",
     "negated-only mean, negation head: a plain group inverted": "all",
     "negated-only mean, negation head: both negated groups still learned": "most",
     "resample-ablating the negation head: both negated groups still learned": "none",
