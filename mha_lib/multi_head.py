@@ -132,7 +132,7 @@ class MultiHeadAttention(nn.Module):
                 and is combined with that), and RoPE positions continue at ``T``. Token by
                 token or in chunks, this equals the full forward with :func:`~mha_lib.causal_mask`.
             positions: RoPE's positions of the tokens (``rotary=True``, self-attention): an
-                integer tensor ``(L,)``, or ``(B, L)`` per sequence, on the input's device, e.g.
+                integer tensor ``(L,)`` (or ``(1, L)``), or ``(B, L)`` per sequence, on the input's device, e.g.
                 ``(real.long().cumsum(-1) - 1).clamp(min=0)`` for a left-padded batch whose
                 ``(B, L)`` bool ``real`` marks the real tokens (Hugging Face's ``position_ids``).
                 Default: ``arange(T, T + L)``, after the ``T`` cached tokens. With a cache, give
@@ -164,7 +164,7 @@ class MultiHeadAttention(nn.Module):
         return _split_heads(q, self.num_heads), _split_heads(k, self.num_kv_heads), _split_heads(v, self.num_kv_heads)
 
     def rotate(self, q: Tensor, k: Tensor, start: int, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """RoPE: rotate queries and keys by ``positions`` ``(L,)`` or ``(B, L)``, by default
+        """RoPE: rotate queries and keys by ``positions`` ``(L,)``, ``(1, L)`` or ``(B, L)``, by default
         ``start, start + 1, ...`` (never the values)."""
         if positions is None:
             q_positions = torch.arange(start, start + q.size(-2), device=q.device)

@@ -74,7 +74,8 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         x: ``(..., L, d_k)`` with even ``d_k``, usually a ``(B, H, L, d_k)`` tensor of queries
             or keys right after :func:`~mha_lib.split_heads`. Never apply it to the values.
         positions: integer tensor, the position of each of the ``L`` rows: ``(L,)`` for every
-            sequence alike, or ``(B, L)`` per sequence (``x`` then has ``B`` as its first
+            sequence alike (or ``(1, L)``, as Hugging Face's ``position_ids`` often come), or
+            ``(B, L)`` per sequence (``x`` then has ``B`` as its first
             dimension: ``(B, L, d_k)`` or ``(B, H, L, d_k)``), e.g. a left-padded batch whose
             real tokens start at different offsets. Defaults to ``arange(L)``. A decoder with a
             cache of ``T`` tokens passes ``arange(T, T + L)``. Moved to ``x``'s device.
@@ -95,13 +96,15 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
         positions = torch.arange(L, device=x.device)
     if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.is_complex() \
             or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor (L,) or (B, L), "
+        raise TypeError(f"positions must be an integer tensor (L,), (1, L) or (B, L), "
                         f"got {getattr(positions, 'dtype', type(positions).__name__)!r}")
+    if positions.shape == (1, L):
+        positions = positions[0]  # one row shared by every sequence: the same as (L,)
     if positions.dim() == 2 and x.dim() >= 3 and positions.shape == (x.size(0), L):
         positions = positions.reshape(x.size(0), *[1] * (x.dim() - 3), L)  # (B, 1, ..., L): per sequence
     elif positions.shape != (L,):
         per_sequence = f" or (B, L) = ({x.size(0)}, {L})" if x.dim() >= 3 else ""
-        raise ValueError(f"positions must have shape (L,) = ({L},){per_sequence} for x of shape {tuple(x.shape)}, "
+        raise ValueError(f"positions must have shape (L,) = ({L},), (1, L){per_sequence} for x of shape {tuple(x.shape)}, "
                          f"got {tuple(positions.shape)}")
     base = check_base(base)
     interleaved = check_flag(interleaved, "interleaved")

@@ -163,12 +163,12 @@ def test_apply_rotary_refuses_bad_input():
         apply_rotary(torch.randn(2, 3, 4, 5))
     with pytest.raises(ValueError, match=r"\(\.\.\., L, d_k\)"):
         apply_rotary(torch.randn(4))
-    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\) or \(B, L\) = \(1, 4\) .*got \(3,\)"):
+    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\), \(1, L\) or \(B, L\) = \(1, 4\) .*got \(3,\)"):
         apply_rotary(torch.randn(1, 4, 8), torch.arange(3))
     with pytest.raises(ValueError, match=r"\(B, L\) = \(2, 4\) .*got \(3, 4\)"):  # a batch of 3 positions for 2
         apply_rotary(torch.randn(2, 1, 4, 8), torch.zeros(3, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\) for x of shape \(4, 8\), got \(1, 4\)"):
-        apply_rotary(torch.randn(4, 8), torch.zeros(1, 4, dtype=torch.long))  # no batch dimension to match
+    with pytest.raises(ValueError, match=r"shape \(L,\) = \(4,\), \(1, L\) for x of shape \(4, 8\), got \(2, 4\)"):
+        apply_rotary(torch.randn(4, 8), torch.zeros(2, 4, dtype=torch.long))  # no batch dimension to match
     with pytest.raises(ValueError, match="interleaved must be True or False"):
         apply_rotary(torch.randn(4, 8), interleaved="yes")
     with pytest.raises(TypeError, match="integer tensor"):
@@ -275,6 +275,11 @@ def test_per_sequence_positions_rotate_each_sequence_by_its_own():
         reference = reference_rotary_neighbours(x, positions) if interleaved else torch.stack(
             [reference_rotary(x[b], positions[b]) for b in range(3)])
         torch.testing.assert_close(out, reference)
+    for one_row in (positions[2:], positions[:1]):  # (1, L): shared by every sequence, as (L,) is
+        torch.testing.assert_close(apply_rotary(x, one_row), apply_rotary(x, one_row[0]))
+        torch.testing.assert_close(apply_rotary(x[0, 0], one_row), apply_rotary(x[0, 0], one_row[0]))
+    with pytest.raises(ValueError, match=r"\(L,\) = \(5,\), \(1, L\) or \(B, L\) = \(3, 5\)"):
+        apply_rotary(x, positions[:2])  # (2, L) for a batch of 3
     single_head = apply_rotary(x[:, 0], positions)  # (B, L, d_k): positions (B, L) fit too
     torch.testing.assert_close(single_head, apply_rotary(x, positions)[:, 0])
     assert not torch.allclose(apply_rotary(x, positions), apply_rotary(x))
@@ -321,7 +326,9 @@ def test_rope_base_pairing_and_positions_in_the_modules(kind, base, interleaved)
     x = torch.randn(B, L, D, dtype=torch.float64)
     per_sequence = torch.randint(-3, 3000, (B, L))
     arange = torch.arange(L).expand(B, L)
-    for positions, given in ((arange, None), (arange, torch.arange(L)), (per_sequence, per_sequence)):
+    shared = torch.randint(0, 3000, (1, L))  # Hugging Face's position_ids often come (1, L)
+    for positions, given in ((arange, None), (arange, torch.arange(L)), (per_sequence, per_sequence),
+                             (shared.expand(B, L), shared)):
         expected = rotary_module_reference(teaching, x, positions, causal_mask(L))
         torch.testing.assert_close(module(x, x, x, causal_mask(L), positions=given), expected)
     other = MultiHeadAttention(D, H, num_kv_heads=2, rotary=True, rope_base=base * 3,

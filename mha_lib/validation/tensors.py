@@ -120,20 +120,21 @@ def _output_weight(module: Any) -> Tensor:
 
 def check_positions(module: Any, positions: object, query: Tensor, key: Tensor) -> None:
     """A clear error unless ``positions`` fits a rotary module's self-attention input ``query``
-    ``(B, L, d_model)``: an integer tensor ``(L,)`` or ``(B, L)`` on the input's device."""
+    ``(B, L, d_model)``: an integer tensor ``(L,)``, ``(1, L)`` or ``(B, L)`` on the input's device."""
     if not getattr(module, "rotary", False):
         raise ValueError("positions are RoPE's: they rotate the queries and keys of a module built with rotary=True; "
                          "this one has rotary=False (learned or sinusoidal positions are added to the input instead)")
     if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.is_complex() \
             or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor (L,) or (B, L), "
+        raise TypeError(f"positions must be an integer tensor (L,), (1, L) or (B, L), "
                         f"got {getattr(positions, 'dtype', type(positions).__name__)!r}")
     B, L = query.shape[:2]
     if key.size(1) != L:
         raise ValueError(f"positions number the tokens of self-attention, where the queries are the keys; got "
                          f"{L} queries and {key.size(1)} keys (without positions, each side counts from its start)")
-    if positions.shape != (L,) and positions.shape != (B, L):
-        raise ValueError(f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), got {tuple(positions.shape)}")
+    if positions.shape not in ((L,), (1, L), (B, L)):
+        raise ValueError(f"positions must have shape (L,) = ({L},), (1, L) or (B, L) = ({B}, {L}), "
+                         f"got {tuple(positions.shape)}")
     if positions.device != query.device:
         raise ValueError(f"positions is on {positions.device} but the input is on {query.device}; "
                          f"move it, e.g. positions.to({str(query.device)!r})")
