@@ -355,7 +355,7 @@ plt.show()
 
 # %%
 from mha_lib.sentiment import load_study, make_datasets
-from mha_lib.sentiment.findings import MOST, independent, learned
+from mha_lib.sentiment.findings import independent, learned
 from mha_lib.sentiment.plots import plot_runs
 from mha_lib.sentiment.probes import HALVES_GROUPS, halves_groups
 
@@ -378,7 +378,7 @@ all_three = [run for run in learned_runs if lowest[id(run)] >= run["baselines"][
 print(f"independent two-head runs: {len(runs)}; learned the task: {len(learned_runs)}; "
       f"of those, 95% or more in all three groups: {len(all_three)}")
 print("the others' weakest group:", [f"{lowest[id(run)]:.0%}" for run in learned_runs if run not in all_three])
-assert len(all_three) >= MOST * len(learned_runs)  # "most": at least two in three (chapter 07)
+assert 3 * len(all_three) > 2 * len(learned_runs)  # "most": more than two in three (chapter 07)
 assert all(lowest[id(run)] >= run["baselines"]["near_chance"] for run in learned_runs)  # none near chance
 fig, ax = plt.subplots(figsize=(8, 3.2), layout="constrained")
 plot_runs(ax, study, free, where=independent_halves,

@@ -364,7 +364,7 @@ assert min(results["free, tested restricted"].values()) < LEARNED_AT
 
 # %%
 # BEGIN SOLUTION
-from mha_lib.sentiment.findings import MOST, independent, learned
+from mha_lib.sentiment.findings import independent, learned
 from mha_lib.sentiment.plots import plot_runs
 
 
@@ -402,11 +402,11 @@ def count(model, holds, selected=runs):
 
 
 def supports(word, k, n):
-    """Whether k of n runs support the model answer's word: "every", "most" (at least two in three,
-    as in chapter 07: `mha_lib.sentiment.findings.MOST`), "some", or the count itself, (k, n)."""
+    """Whether k of n runs support the model answer's word: "every", "most" (more than two in three,
+    as in chapter 07: `mha_lib.sentiment.findings.wording`), "some", or the count itself, (k, n)."""
     if isinstance(word, tuple):
         return word == (k, n)
-    return {"every": k == n, "most": k >= MOST * n, "some": k > 0}[word]
+    return {"every": k == n, "most": 3 * k > 2 * n, "some": k > 0}[word]
 
 
 def median(model, group, selected=runs):
