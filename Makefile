@@ -14,7 +14,7 @@
 #   make test-notebooks  only the notebooks under nbval (chapters/, exercises/, solutions/)
 #   make test-gpu        the same on an NVIDIA GPU: tests on CUDA, notebooks with MHA_DEVICE=cuda
 #   make notebooks       regenerate exercises/, re-execute every notebook, re-pair it
-#   make study           re-train the seed studies that chapters 07, 08, 09 and 12 quote (~75 min)
+#   make study           re-train the seed studies that chapters 07, 08, 09 and 12 quote (~2 hours)
 #   make clean           delete .venv, build/, *.egg-info and .pytest_cache
 
 PYTHON ?= python3
@@ -146,13 +146,15 @@ notebooks: $(STAMP)
 # initialisation and data), not one run: this trains them all (niced) and rewrites the
 # committed results files. On 2 cores the sentiment study takes ~13 min, the induction
 # study ~20 min and the language model's ~40 min (it also rewrites the model chapter 09
-# ships). `.venv/bin/python -m mha_lib.sentiment study --help` (or induction, textlm) for
-# seeds and the rest.
+# ships), and the configurations chapter 09 tried next to it, one run each, ~40 min more.
+# `.venv/bin/python -m mha_lib.sentiment study --help` (or induction, textlm) for seeds and
+# the rest.
 study: $(STAMP)
 	nice -n 10 $(PY) -m mha_lib.sentiment study --output mha_lib/sentiment/study.json
 	nice -n 10 $(PY) -m mha_lib.induction study --output mha_lib/induction/study.json
 	nice -n 10 $(PY) -m mha_lib.textlm study --seeds 0-5 --output mha_lib/textlm/study.json \
 	  --checkpoint mha_lib/textlm/model_seed0.pt
+	nice -n 10 $(PY) -m mha_lib.textlm configurations
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

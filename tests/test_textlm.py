@@ -164,3 +164,53 @@ def test_the_train_command_saves_a_model_that_samples(tmp_path, capsys) -> None:
     assert "saved" in capsys.readouterr().out
     assert main(["sample", "    def test_", "--tokens", "5", "--model", str(tmp_path / "m.pt")]) == 0
     assert capsys.readouterr().out.startswith("    def test_")
+
+
+def test_lace_repeats_copies_a_span_into_the_window_and_keeps_targets_one_ahead() -> None:
+    from mha_lib.textlm.train import lace_repeats
+
+    ids = torch.arange(10_000)  # every token different: any repeat in a window was laced in
+    inputs, targets = batches(ids, 16, 64, torch.Generator().manual_seed(0))
+    before = inputs.clone(), targets.clone()
+    laced, next_tokens = lace_repeats(inputs, targets, 1.0, torch.Generator().manual_seed(1))
+    assert torch.equal(inputs, before[0]) and torch.equal(targets, before[1])  # the arguments are left alone
+    assert torch.equal(laced[:, 1:], next_tokens[:, :-1])  # still the next token
+    for row in torch.cat([laced, next_tokens[:, -1:]], dim=1).tolist():
+        repeated = len(row) - len(set(row))
+        assert 64 // 8 <= repeated <= 64 // 4, row  # one span of L/8 to L/4 tokens, copied once
+        first = next(i for i, t in enumerate(row) if row.count(t) > 1)
+        assert first < 64 // 2  # copied from the first half
+    untouched, _ = lace_repeats(inputs, targets, 0.0, torch.Generator().manual_seed(1))
+    assert torch.equal(untouched, inputs)
+    with pytest.raises(ValueError, match="share must be between 0 and 1"):
+        lace_repeats(inputs, targets, 1.5, torch.Generator())
+    with pytest.raises(ValueError, match="at least 16 tokens"):
+        lace_repeats(inputs[:, :8], targets[:, :8], 0.5, torch.Generator())
+
+
+def test_training_with_repeats_laced_in_differs_and_without_them_is_unchanged() -> None:
+    torch.manual_seed(0)
+    ids = torch.randint(0, 20, (3_000,))
+    val = ids[:8 * 33].view(8, 33)
+    losses = {}
+    for repeat in (0.0, 0.5):
+        torch.manual_seed(0)
+        model = TextTransformer(ModelConfig(vocab_size=20, d_model=16, num_heads=2, num_layers=1, max_len=32))
+        history = train_lm(model, ids, val[:, :-1], val[:, 1:],
+                           TrainConfig(steps=6, batch_size=4, warmup=1, eval_every=3, repeat=repeat), progress=False)
+        losses[repeat] = history["train_loss"][-1]
+    assert losses[0.0] != losses[0.5]  # the laced windows are other data
+    assert TrainConfig().repeat == 0.0  # the shipped configuration trains on the text as it is
+
+
+def test_the_configurations_command_names_an_unknown_configuration() -> None:
+    from mha_lib.textlm.__main__ import main
+    from mha_lib.textlm.configurations import CONFIGURATIONS, run_configurations
+
+    with pytest.raises(SystemExit, match=r"unknown configurations \['context 16'\]; the known ones are"):
+        main(["configurations", "--only", "context 16"])
+    with pytest.raises(ValueError, match="attention only"):  # the message lists the known ones
+        run_configurations(["nope"])
+    assert all(set(model) <= {"mlp", "max_len", "d_model", "num_heads", "num_layers", "positions"}
+               and set(train) <= {"steps", "batch_size", "lr", "warmup", "weight_decay", "final_lr", "repeat"}
+               for model, train in CONFIGURATIONS.values())  # each entry changes what run_seed can change

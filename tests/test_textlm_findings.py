@@ -70,3 +70,37 @@ def test_strongest_and_most_needed_pick_the_maximum() -> None:
     assert strongest(scores, "previous") == (1, 0)
     run = {"ablation": {"classes": ["a", "b"], "increase": [[[0.1, 0.0], [0.3, 0.2]], [[0.2, 0.9], [0.0, 0.1]]]}}
     assert most_needed(run, "a") == (0, 1) and most_needed(run, "b") == (1, 0)
+
+
+def test_the_configurations_tried_are_the_ones_the_code_names_and_recount_by_hand(study) -> None:
+    """configurations.json holds one run of each entry of CONFIGURATIONS, made by the code as it is
+    (the shipped configuration changed where the entry says), and the chapter's table recounts."""
+    from mha_lib.textlm.configurations import CONFIGURATIONS, load_configurations, summary
+    from mha_lib.textlm.findings import COPY_SHARE
+    from mha_lib.textlm.scores import role_threshold
+
+    runs = load_configurations()
+    assert [r["name"] for r in runs] == list(CONFIGURATIONS)
+    for run in runs:
+        model_change, train_change = CONFIGURATIONS[run["name"]]
+        assert run["seed"] == 0 and run["data_seed"] == 1000
+        assert run["model"] == {**MODEL, **model_change}
+        assert {k: v for k, v in run["train"].items() if k not in ("seed", "repeat")} == \
+            {**{k: v for k, v in TRAIN.items() if k != "seed"}, **{k: v for k, v in train_change.items() if k != "repeat"}}
+        assert run["train"].get("repeat", 0.0) == train_change.get("repeat", 0.0)
+        assert run["steps"][-1] == TRAIN["steps"]
+        # the summary, by hand
+        best_induction = max(s for p in run["probes"] for row in p["scores"]["induction"] for s in row)
+        last = run["probes"][-1]
+        s = summary(run)
+        assert s["induction"] == best_induction and s["val_loss"] == run["val_loss"][-1]
+        assert s["copy_gain"] == pytest.approx(last["first_copy"] - last["second_copy"])
+        # what the chapter states of every row
+        uniform = last["scores"]["uniform"]
+        assert best_induction <= uniform["induction"] + 0.005 < role_threshold(uniform["induction"])
+        assert s["copy_gain"] < COPY_SHARE * last["first_copy"]
+        assert 4 * uniform["previous"] < s["previous"] < role_threshold(uniform["previous"])
+    by_name = {r["name"]: summary(r) for r in runs}
+    assert max(by_name, key=lambda n: by_name[n]["copy_gain"]) == "context 32, repeats in half"
+    assert by_name["repeats in half the windows"]["val_loss"] < min(r["val_loss"][-1] for r in study.runs)
+    assert by_name["attention only"]["val_loss"] > max(r["val_loss"][-1] for r in study.runs)

@@ -3,6 +3,8 @@
 ``python -m mha_lib.textlm sample``: continue a prompt with the shipped model (or ``--model FILE``).
 ``python -m mha_lib.textlm study``: train it from several seeds and measure every run's heads
 (the study chapter 09 quotes; ``make study`` rewrites the shipped one).
+``python -m mha_lib.textlm configurations``: one run of each configuration tried next to the
+shipped one (chapter 09's table of them).
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ def _study(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _configurations(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .configurations import CONFIGURATIONS_FILE, run_configurations, save_configurations
+
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    started = time.perf_counter()
+    try:
+        runs = run_configurations(args.only, workers=args.workers, device=args.device)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    seconds = round(time.perf_counter() - started, 1)
+    path = save_configurations(runs, args.output or CONFIGURATIONS_FILE,
+                               command="python -m mha_lib.textlm " + shlex.join(argv), seconds=seconds)
+    print(f"{len(runs)} runs in {seconds:.0f} s; wrote {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mha_lib.textlm", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,10 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_study_arguments(study, output="textlm_study.json")
     study.add_argument("--checkpoint", default=None,
                        help="also save the first seed's model there (make study: the shipped model)")
+    configurations = sub.add_parser("configurations",
+                                    help="one run (seed 0) of each configuration tried next to the shipped one")
+    configurations.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                                help="these configurations only (default: all)")
+    configurations.add_argument("--workers", type=int, default=2, help="runs side by side (default 2)")
+    configurations.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    configurations.add_argument("--output", default=None, help="default: mha_lib/textlm/configurations.json")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command == "study":
         return _study(args, argv)
+    if args.command == "configurations":
+        return _configurations(args, argv)
     return _train(args) if args.command == "train" else _sample(args)
 
 

@@ -1,9 +1,9 @@
 """The configuration of chapter 09's model and its training, in one place.
 
-``python -m mha_lib.textlm train`` uses these values unless told otherwise. The probes
-behind the choice (issue 33's notes): with the 2 CPU cores and 10 minutes a run may take, no
-configuration tried grew an induction head on this text; this one trains in under 10 minutes
-and its heads are what chapter 09 measures over the study's runs.
+``python -m mha_lib.textlm train`` uses these values unless told otherwise. With the 2 CPU
+cores and 10 minutes a run may take, no configuration tried grew an induction head on this text
+(:mod:`.configurations` re-runs the variations, one run each); this one trains in under 10
+minutes and its heads are what chapter 09 measures over the study's runs.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..validation import check_positive_int
 from .model import TextTransformer
 
-__all__ = ["TrainConfig", "batches", "learning_rate", "evaluate_loss", "train_lm"]
+__all__ = ["TrainConfig", "batches", "lace_repeats", "learning_rate", "evaluate_loss", "train_lm"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     eval_every: int = 100
     seed: int = 0
+    repeat: float = 0.0  # the share of training windows given a repeated span (:func:`lace_repeats`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +60,33 @@ def batches(ids: Tensor, batch_size: int, length: int, generator: torch.Generato
     starts = torch.randint(ids.numel() - length - 1, (batch_size,), generator=generator)
     windows = torch.stack([ids[s : s + length + 1] for s in starts.tolist()])  # (B, length + 1)
     return windows[:, :-1], windows[:, 1:]
+
+
+def lace_repeats(inputs: Tensor, targets: Tensor, share: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Give about ``share`` of the windows a repeated span: a span of L/8 to L/4 tokens from the
+    first half of the window is copied over a later stretch of the same window, so that the
+    second copy can be predicted from the first (the text stays real text elsewhere).
+
+    Args:
+        inputs, targets: ``(B, L)`` windows and their next tokens, as :func:`batches` returns.
+        share: the chance that a window gets a span, in [0, 1].
+
+    Returns new ``(B, L)`` inputs and targets; the arguments are left as they were.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be between 0 and 1, got {share}")
+    L = inputs.size(1)
+    if L < 16:
+        raise ValueError(f"windows need at least 16 tokens for a repeated span, got {L}")
+    full = torch.cat([inputs, targets[:, -1:]], dim=1).clone()  # (B, L + 1): the window and its last target
+    for row in range(full.size(0)):
+        if torch.rand((), generator=generator).item() >= share:
+            continue
+        n = int(torch.randint(L // 8, L // 4 + 1, (), generator=generator))
+        first = int(torch.randint(0, L // 2 - n + 1, (), generator=generator))
+        second = int(torch.randint(first + n, L + 2 - n, (), generator=generator))
+        full[row, second : second + n] = full[row, first : first + n].clone()
+    return full[:, :-1], full[:, 1:]
 
 
 @torch.no_grad()
@@ -138,6 +166,8 @@ def train_lm(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step)
         inputs, targets = batches(train_ids, config.batch_size, model.config.max_len, generator)
+        if config.repeat:
+            inputs, targets = lace_repeats(inputs, targets, config.repeat, generator)
         logits = model(inputs.to(device))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.to(device).reshape(-1))
         if not math.isfinite(loss.item()):
