@@ -6,7 +6,7 @@ reproducible. Each entry of :data:`CONFIGURATIONS` changes the shipped configura
 shipped row is the study's first run) and keeps the study's record of it (:func:`~.study.run_seed`).
 One run per configuration is a search, not a study: a count over them says where to look, not
 what a configuration always does. The five runs took 4,499 s, two side by side on 2 cores shared
-with other work (one thread each; about 5 to 30 minutes a run).
+with other work (one thread each; 5 to 50 minutes a run).
 
 ``python -m mha_lib.textlm configurations`` writes :data:`CONFIGURATIONS_FILE`.
 """
