@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .multi_head import MultiHeadAttention
-from .validation import check_attention_inputs, check_flag, check_positive_int, same_tensor
+from .validation import broadcast_shapes, check_attention_inputs, check_flag, check_positive_int, same_tensor
 
 __all__ = ["EfficientMultiHeadAttention", "TileCounts", "blockwise_attention"]
 
@@ -202,7 +202,7 @@ def blockwise_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor 
     causal, skip = check_flag(causal, "causal"), check_flag(skip, "skip")
     block = check_positive_int(block, "block")
     Lq, Lk, d_k, d_v = query.size(-2), key.size(-2), query.size(-1), value.size(-1)
-    lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    lead = broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     if mask is not None and causal:  # one explicit mask that says both
         below = torch.ones(Lq, Lk, dtype=torch.bool, device=mask.device).tril()  # (Lq, Lk)
         mask = mask & below if mask.dtype == torch.bool else mask.masked_fill(~below, float("-inf"))

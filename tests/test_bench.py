@@ -123,6 +123,20 @@ def test_cpu_peak_memory_sees_the_peak_not_the_end():
     assert abs(peak - 6_000_000) < 2**20  # not the 4 MB before it, nor the 3 MB at the end
 
 
+@needs_rss
+def test_a_worker_started_early_is_the_one_that_measures():
+    """start_memory_worker returns at once (the worker imports PyTorch in the background), and
+    peak_memory then uses that worker; other devices start nothing."""
+    from mha_lib.bench import memory
+
+    assert bench.start_memory_worker("meta") is False
+    assert bench.start_memory_worker("cpu") is True
+    worker = memory._worker
+    assert worker is not None and worker.poll() is None
+    assert abs(bench.peak_memory(allocate_6_mb, "cpu") - 6_000_000) < 2**20
+    assert memory._worker is worker and bench.start_memory_worker("cpu") is True and memory._worker is worker
+
+
 def test_cpu_peak_memory_refuses_a_step_it_cannot_send():
     if not bench.cpu_memory_supported():
         pytest.skip("CPU memory is measured on Linux only")

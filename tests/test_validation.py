@@ -378,3 +378,23 @@ def test_the_padding_mask_keeps_the_padding_out_in_the_documented_shapes():
     for b, n in enumerate(lengths):
         assert (weights[b, :, :, n:] == 0).all() and (weights[b, :, :, :n] > 0).all()
         assert (one[b, :, n:] == 0).all() and (one[b, :, :n] > 0).all()
+
+
+def test_broadcast_shapes_agrees_with_pytorch():
+    """mha_lib's plain-Python broadcast_shapes (PyTorch's own imports SymPy on first use, about a
+    second per notebook) gives PyTorch's answer, and fails where PyTorch fails, on random shapes."""
+    rng = np.random.default_rng(0)
+    failures = 0
+    for _ in range(2000):
+        shapes = [tuple(int(s) for s in rng.choice([0, 1, 1, 2, 3], size=rng.integers(0, 5)))
+                  for _ in range(rng.integers(1, 4))]
+        try:
+            expected = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            failures += 1
+            with pytest.raises(RuntimeError, match="do not broadcast"):
+                validation.broadcast_shapes(*shapes)
+            continue
+        got = validation.broadcast_shapes(*shapes)
+        assert got == expected and isinstance(got, torch.Size), (shapes, got, expected)
+    assert 100 < failures < 1900  # both branches were exercised

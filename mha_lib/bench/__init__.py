@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from .cli import build_parser, main
 from .decode import DecodeResult, decode_benchmark, format_result
-from .memory import cpu_memory_supported, free_memory, peak_memories, peak_memory
+from .memory import cpu_memory_supported, free_memory, peak_memories, peak_memory, start_memory_worker
 from .plots import STYLES, plot_results
 from .run import DEFAULT_LENGTHS, EXPLICIT_COPIES, QUICK_LENGTHS, Result, format_table, run_benchmark
 from .steps import (BASELINE, DTYPES, EXPLICIT, KERNELS, MASKS, MODES, VARIANTS, Step, make_mask, make_step,
@@ -87,5 +87,6 @@ __all__ = [
     "peak_memory",
     "plot_results",
     "run_benchmark",
+    "start_memory_worker",
     "time_steps",
 ]

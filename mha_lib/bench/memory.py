@@ -43,7 +43,7 @@ import torch
 
 from .timing import synchronize
 
-__all__ = ["cpu_memory_supported", "free_memory", "peak_memories", "peak_memory"]
+__all__ = ["cpu_memory_supported", "free_memory", "peak_memories", "peak_memory", "start_memory_worker"]
 
 Step = Callable[[], None]
 
@@ -89,6 +89,8 @@ def _serve() -> None:
     """The worker's loop: a request is (threads, [pickled step, ...]), the answer one JSON line."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the steps print goes to stderr, not into the answers
+    gc.collect()
+    gc.freeze()  # PyTorch's own objects live as long as the worker: the collections in _measure skip them (0.1 s each otherwise)
     while header := sys.stdin.buffer.read(8):
         threads, blobs = pickle.loads(sys.stdin.buffer.read(int.from_bytes(header, "big")))
         torch.set_num_threads(threads)
@@ -128,13 +130,32 @@ def _stop(worker: subprocess.Popen) -> None:
         worker.wait(timeout=10)
 
 
-def _cpu_peaks(steps: Sequence[Step]) -> list[int | None]:
+def _running_worker() -> subprocess.Popen:
     global _worker
+    if _worker is None or _worker.poll() is not None:
+        _worker = _start_worker()
+    return _worker
+
+
+def start_memory_worker(device: torch.device | str = "cpu") -> bool:
+    """Start the CPU worker now, in the background, and return at once.
+
+    The worker's first seconds go to importing PyTorch. :func:`peak_memories` starts it on
+    first use anyway and waits for that; starting it early (chapter 10 does, in its set-up
+    cell) lets the import overlap with other work. Does nothing for other devices or where
+    the CPU memory cannot be measured. Returns whether a worker is running.
+    """
+    if torch.device(device).type != "cpu" or not cpu_memory_supported():
+        return False
+    _running_worker()
+    return True
+
+
+def _cpu_peaks(steps: Sequence[Step]) -> list[int | None]:
     if not cpu_memory_supported():
         return [None] * len(steps)
     request = pickle.dumps((torch.get_num_threads(), [_pickled(step) for step in steps]))
-    if _worker is None or _worker.poll() is not None:
-        _worker = _start_worker()
+    _worker = _running_worker()
     _worker.stdin.write(len(request).to_bytes(8, "big") + request)
     _worker.stdin.flush()
     line = _worker.stdout.readline()

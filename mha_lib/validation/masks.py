@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .sizes import broadcast_shapes
+
 __all__ = ["check_mask", "check_mask_kind"]
 
 
@@ -98,7 +100,7 @@ def check_mask(mask: Tensor, scores_shape: torch.Size, device: torch.device | No
     check_mask_kind(mask, device)
     scores_shape = torch.Size(scores_shape)
     try:
-        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
+        broadcast = broadcast_shapes(mask.shape, scores_shape)
     except RuntimeError:
         broadcast = None
     if broadcast != scores_shape:

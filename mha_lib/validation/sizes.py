@@ -12,8 +12,27 @@ import operator
 
 import torch
 
-__all__ = ["as_index", "check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
+__all__ = ["as_index", "broadcast_shapes", "check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
            "check_positive_number", "check_rotary", "check_whole", "check_base", "check_device", "describe"]
+
+
+def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> torch.Size:
+    """The shape that ``shapes`` broadcast to, aligned from the right; RuntimeError if they don't.
+
+    The same answer as ``torch.broadcast_shapes`` for shapes of whole sizes, in plain Python:
+    PyTorch's own imports its symbolic-shape machinery (SymPy) on first use, about a second.
+    """
+    result: list[int] = []
+    for shape in shapes:
+        for i, size in enumerate(reversed(tuple(shape))):
+            if i == len(result):
+                result.insert(0, size)
+            elif result[-1 - i] == 1:
+                result[-1 - i] = size
+            elif size != 1 and size != result[-1 - i]:
+                raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast: size {size} against "
+                                   f"{result[-1 - i]} at dimension {-1 - i}")
+    return torch.Size(result)
 
 
 def check_whole(value: object, name: str, what: str = "a whole number (an int)") -> int:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .masks import check_mask, check_mask_kind
-from .sizes import check_dropout, check_flag
+from .sizes import broadcast_shapes, check_dropout, check_flag
 
 
 class DecodingCache(Protocol):
@@ -180,7 +180,7 @@ def check_sinks(sinks: object, scores_shape: torch.Size, dtype: torch.dtype, dev
         raise TypeError(f"sinks has dtype {sinks.dtype} but query has {dtype}; e.g. sinks.to({dtype})")
     rows = tuple(scores_shape[:-1]) + (1,)  # (..., Lq, 1)
     try:
-        grows = torch.broadcast_shapes(sinks.shape, rows) != rows
+        grows = broadcast_shapes(sinks.shape, rows) != rows
     except RuntimeError:
         grows = True
     if grows:
@@ -227,14 +227,14 @@ def check_attention_inputs(
     if key.size(-2) != value.size(-2):
         raise ValueError(f"key and value must have the same length Lk; got key {k} and value {v}")
     try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     except RuntimeError:
         raise ValueError(f"the leading (batch, head) dimensions of query {q}, key {k} and value {v} don't broadcast: "
                          "each must be equal or 1, aligned from the right") from None
     if mask is not None:
-        scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
+        scores_shape = broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
         check_mask(mask, scores_shape, query.device)  # scores (..., Lq, Lk)
     if sinks is not None:
-        scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
+        scores_shape = broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.size(-2), key.size(-2))
         check_sinks(sinks, scores_shape, query.dtype, query.device)
     return check_dropout(dropout_p, "dropout_p")
