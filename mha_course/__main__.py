@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     progress_cmd.add_argument("chapters", nargs="*", metavar="NN", help="only these chapters (default: all)")
     progress_cmd.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                               help="how long one notebook's cells may run in all (default: 120)")
+    progress_cmd.add_argument("--no-fork", action="store_true",
+                              help="start every kernel from scratch (slower: each one imports PyTorch again); by "
+                                   "default kernels are forked from one process that did, as `grade` does")
     commands.add_parser(
         "update", help="update the course to its newest version (git pull), even after you ran the chapters",
         description="Bring the course up to date: course notebooks changed only by running them are put back, "
@@ -85,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="also run the cells below each notebook's last check (their errors get a row of "
                                 "0 points); by default grading stops there, where no verdict can change")
     grade_cmd.add_argument("--no-fork", action="store_true",
-                           help="start every kernel from scratch, as `make progress` does (slower: each one "
-                                "imports PyTorch again); by default kernels are forked from one that did")
+                           help="start every kernel from scratch (slower: each one imports PyTorch again); by "
+                                "default kernels are forked from one that did, as `make progress` does")
     export_cmd = commands.add_parser(
         "export", help="(instructors) write the exercises as nbgrader or Otter Assign assignments",
         description="Write one assignment per chapter from solutions/ (the exercises' single source): "
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             from . import progress  # nbclient and its kernel only now
 
             timeout = progress.DEFAULT_TIMEOUT if args.timeout is None else args.timeout
-            return progress.main(args.chapters, timeout=timeout)
+            return progress.main(args.chapters, timeout=timeout, fork=not args.no_fork)
     except AlreadyStarted as kept:
         print(kept)
         return EXIT_ALREADY_STARTED

@@ -209,7 +209,7 @@ def _tiny_class(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_jobs_give_the_serial_csv_and_a_loop_costs_only_its_own_points(tmp_path):
-    """Serially in kernels started from scratch (as make progress runs them), then 2 at a time in forked
+    """Serially in kernels started from scratch (make progress --no-fork), then 2 at a time in forked
     kernels (grade's default): the same CSV, row for row."""
     root, subs = _tiny_class(tmp_path)
     serial = grading.grade(subs, root, timeout=3, jobs=1, fork=False)

@@ -376,3 +376,23 @@ def test_a_workspace_notebook_named_after_no_exercise_is_reported_not_ignored(tm
     assert both.startswith("workspace/09_efficient.ipynb is not checked: its exercise is now 10_efficient") \
         and "workspace/10_efficient.ipynb is the copy checked" in both and "mv " not in both, both
     assert all(before[p.name] == p.read_bytes() for p in (root / "workspace").iterdir() if p.name in before)
+
+
+def test_forked_and_fresh_kernels_give_the_same_table(tmp_path):
+    """`make progress` forks each kernel from one process that imported PyTorch (as `grade` does);
+    `--no-fork` starts each from scratch. A right answer and a wrong one read the same either way."""
+    root = course_copy(tmp_path)
+    ws = root / "workspace"
+    shutil.copy(ROOT / "solutions" / "01_dot_product_attention.ipynb", ws)
+    edit(ROOT / "solutions" / "03_multi_head_attention.ipynb", ws / "03_multi_head_attention.ipynb",
+         lambda code: code.replace(".transpose(1, 2)  # (B, H, L, d_k)", "  # forgot the transpose"))
+    env = dict(os.environ, MHA_COURSE_ROOT=str(root))
+    outputs = []
+    for extra in ([], ["--no-fork"]):
+        result = subprocess.run([sys.executable, "-m", "mha_course", "progress", "01", "03", *extra], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        outputs.append(table(result.stdout))
+    forked, fresh = outputs
+    assert forked == fresh
+    assert forked["1.4"] == "✅ passed" and forked["3.2"].startswith("❌ "), forked
