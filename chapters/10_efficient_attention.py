@@ -508,10 +508,12 @@ if vectorised and load_is_low():
         assert min(head_times[mask, "auto"]) < min(head_times[mask, "math"]), (mask, head_times)
 
 # %% [markdown]
-# The time saving needs the fused kernel's vectorised code. On PyTorch's plain C++ kernel path
-# (`ATEN_CPU_CAPABILITY=default`, what a CPU without AVX2 runs) the math path's matrix products
-# still come from an optimised library while the fused kernel does not: there we measured the
-# halves mask at 53 ms before and 58 ms after, ALiBi at 78 and 78. So the cell checks the time
+# The time saving needs the fused kernel's vector code. On PyTorch's plain C++ kernel path
+# (`ATEN_CPU_CAPABILITY=default`, what a CPU without AVX2 runs) the math path still does most of
+# its work in matrix products from an optimised library (MKL here), which picks its own vector
+# code, while the fused kernel's own loops (the online softmax) lose theirs. There, at this
+# `L = 1024`, we measured the halves mask at 53 ms before and 58 ms after, ALiBi at 78 and 78; at
+# `L = 2048` the fused kernel was ahead again (halves 212 and 169 ms). So the cell checks the time
 # only on a vectorised path, and the memory everywhere.
 #
 # So on a CPU, `EfficientMultiHeadAttention` saves the weights' memory wherever a fused kernel
