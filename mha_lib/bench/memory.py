@@ -90,7 +90,7 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the steps print goes to stderr, not into the answers
     gc.collect()
-    gc.freeze()  # PyTorch's own objects live as long as the worker: the collections in _measure skip them (0.1 s each otherwise)
+    gc.freeze()  # PyTorch's objects live as long as the worker: _measure's collections skip them (0.1 s each otherwise)
     while header := sys.stdin.buffer.read(8):
         threads, blobs = pickle.loads(sys.stdin.buffer.read(int.from_bytes(header, "big")))
         torch.set_num_threads(threads)
@@ -155,10 +155,10 @@ def _cpu_peaks(steps: Sequence[Step]) -> list[int | None]:
     if not cpu_memory_supported():
         return [None] * len(steps)
     request = pickle.dumps((torch.get_num_threads(), [_pickled(step) for step in steps]))
-    _worker = _running_worker()
-    _worker.stdin.write(len(request).to_bytes(8, "big") + request)
-    _worker.stdin.flush()
-    line = _worker.stdout.readline()
+    worker = _running_worker()
+    worker.stdin.write(len(request).to_bytes(8, "big") + request)
+    worker.stdin.flush()
+    line = worker.stdout.readline()
     if not line:
         raise RuntimeError("the memory-measuring process ended without an answer (out of memory?)")
     answer = json.loads(line)

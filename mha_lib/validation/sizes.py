@@ -12,8 +12,9 @@ import operator
 
 import torch
 
-__all__ = ["as_index", "broadcast_shapes", "check_dropout", "check_flag", "check_heads", "check_num_kv_heads", "check_positive_int",
-           "check_positive_number", "check_rotary", "check_whole", "check_base", "check_device", "describe"]
+__all__ = ["as_index", "broadcast_shapes", "check_dropout", "check_flag", "check_heads", "check_num_kv_heads",
+           "check_positive_int", "check_positive_number", "check_rotary", "check_whole", "check_base", "check_device",
+           "describe"]
 
 
 def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> torch.Size:
