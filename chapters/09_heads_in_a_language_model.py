@@ -28,8 +28,9 @@
 #
 # - say how a byte-pair tokenizer and a two-layer transformer built from the course's
 #   `MultiHeadAttention` are trained (one command trains yours), and sample text from the model;
-# - score every head for roles defined *before* looking (previous token, first token, newline,
-#   induction, duplicate token), each next to what uniform attention would score;
+# - score every head for roles defined *before* looking (positions: previous token, itself, the
+#   last four tokens, the first token; delimiters: newlines and quote marks; copying: induction,
+#   duplicate token), each next to what uniform attention would score;
 # - explore every head's attention on a text of your own, in the notebook or in the web book;
 # - find which heads the model needs for which kind of token, by mean-ablating one head at a
 #   time and splitting the loss by the class of the token to predict;
@@ -63,8 +64,8 @@ from mha_lib.textlm.ablation import CLASSES, ablation_losses, token_classes
 from mha_lib.textlm.config import MODEL, TRAIN
 from mha_lib.textlm.configurations import load_configurations, summary
 from mha_lib.textlm.corpus import load_text
-from mha_lib.textlm.findings import (COPY_SHARE, STATED, count_findings, first_eval_at_final, heads_with,
-                                    unigram_loss)
+from mha_lib.textlm.findings import (COPY_SHARE, STATED, count_findings, first_eval_at_final, first_eval_with,
+                                    heads_with, unigram_loss)
 from mha_lib.textlm.scores import describe_heads, role_threshold
 from mha_lib.textlm.study import Probes, icl_score, load_study, probe
 
@@ -140,7 +141,8 @@ print("tokens", tuple(x.shape), "-> logits", tuple(logits.shape), "; weights per
 # **Training it yourself.** `python -m mha_lib.textlm train` trains this model with AdamW
 # (learning rate 3·10⁻³ after a 200-step warm-up, then a cosine decay to a tenth) on 2,000
 # batches of 32 random windows, and prints a progress bar; on 2 CPU cores it took 576 s here,
-# with other work running (the study's runs below took longer: one thread each, two side by side). Run it in a terminal, not here: this chapter loads the model the **study** below
+# with other work running (the study's runs below, one thread each, two side by side on a quiet
+# machine, took 5 to 6 minutes each). Run it in a terminal, not here: this chapter loads the model the **study** below
 # trained from seed 0, shipped with the course (`mha_lib/textlm/model_seed0.pt`, with its
 # configuration, its tokenizer and its training history).
 
@@ -215,32 +217,45 @@ attention_explorer(labels, [w[0] for w in weights], title="The shipped model on 
 # | role | where the query at `t` looks | measured on |
 # |---|---|---|
 # | previous token | key `t − 1` | held-out text |
+# | self | key `t`, the token itself | held-out text |
+# | local | the last four keys, `t − 3 … t`, over the queries that see more than four | held-out text |
 # | first token | key 0 (an "attention sink", Xiao et al. 2024) | held-out text |
 # | newline | the keys that are line breaks, against their share of the visible keys | held-out text |
+# | quote | the keys that hold a quote mark (`'` or `"`), against their share | held-out text |
 # | induction | the token *after* the earlier occurrence of the current token | random tokens with a repeated segment (chapter 08) |
 # | duplicate token | the earlier occurrence itself | the same |
 #
-# Induction and duplicate-token heads are scored on chapter 08's random sequences because in
-# real text a token has many earlier occurrences and no single right place to look; random
-# tokens repeated once make the right key unambiguous, the test Olsson et al. use too.
+# The first four are **positional**: they name keys by where they are, not by what they hold.
+# The local window's width, four, is the one choice here made after looking at a model: seed
+# 0's weights fall off beyond three tokens back, so the study's five other runs are the test of
+# it. Newlines and quote marks are **delimiters**: they end lines and strings. Spaces are not a
+# role of their own: the tokenizer glues a space to the word after it (`' self'`), and the
+# tokens that are only spaces are the indentation, a role you can score in exercise 9.1, with
+# punctuation. Induction and duplicate-token heads are scored on chapter 08's random sequences
+# because in real text a token has many earlier occurrences and no single right place to look;
+# random tokens repeated once make the right key unambiguous, the test Olsson et al. use too.
 
 # %%
 scores = probe(model, probes)["scores"]  # probes: section 3's held-out windows and chapter 08's repeated segments
 print(describe_heads(scores))
 found = {role: heads_with(scores, role) for role in ROLES}
 print("heads with a role:", {role: [f"L{l + 1}.h{h}" for l, h in heads] for role, heads in found.items()})
+assert found["local"] == [(0, 3), (1, 0), (1, 1), (1, 2)] and not any(found[role] for role in ROLES if role != "local")
 
 # %% [markdown]
-# **No head of the shipped model has a role by this bar.** The scores are not at the baseline,
-# though. Every head of layer 2 puts 0.20 to 0.41 of its weight on the previous token, three
-# to seven times what uniform attention would (0.06), and layer 1's heads 0.13 to 0.21. The
-# strongest newline score, layer 2's head 3, is 0.10 against 0.04. The other three roles are
-# *below* uniform: no head parks its weight on the first token (the "attention sinks" of large
-# models are absent here), and on random tokens with a repeated segment no head looks
-# at the earlier occurrence or the token after it. So the heads of this model are **mixtures**:
-# a layer-2 head puts a fifth to two fifths of its weight on the previous token and spreads the
-# rest. Chapter 08's heads were clean because its task needed exactly one thing; in this
-# configuration, on real text, they are not (a wider model or other tokens may differ).
+# **One role clears the bar: local.** Four heads, layer 1's head 3 and layer 2's heads 0 to 2,
+# put 0.61 to 0.80 of their weight on the last four tokens, where uniform attention would put
+# 0.18; the other four heads score 0.42 to 0.57, far above uniform and below the bar (0.59).
+# **No head has any other role.** Inside the window the weight is spread: every head of layer 2 puts 0.20
+# to 0.41 of it on the previous token (three to seven times uniform attention's 0.06), and 0.10
+# to 0.19 on itself. Delimiters draw a little: layer 2's heads 2 and 3 put 0.06 and 0.08 on
+# quote marks (uniform 0.03), and head 3 0.10 on newlines (uniform 0.04), far below the bar.
+# Three roles are *below* uniform: no head parks its weight on the first token (the
+# "attention sinks" of large models are absent here), and on random tokens with a repeated
+# segment no head looks at the earlier occurrence or the token after it. So the heads of this
+# model read **the last few tokens**, with a lean to the one just before, and spread the rest.
+# Chapter 08's heads were clean because its task needed exactly one thing; in this
+# configuration, on real text, they are local mixtures (a wider model or other tokens may differ).
 #
 # ## 7. One run is one sample: the study
 #
@@ -265,38 +280,64 @@ for role in ROLES:
 prev_best = [[max(row) for row in r["probes"][-1]["scores"]["previous"]] for r in study.runs]
 print(f"strongest previous-token score in layer 1: {min(b[0] for b in prev_best):.2f} to {max(b[0] for b in prev_best):.2f}; "
       f"in layer 2: {min(b[1] for b in prev_best):.2f} to {max(b[1] for b in prev_best):.2f} (uniform 0.06, bar 0.53)")
+best_prev = lambda p: max(max(row) for row in p["scores"]["previous"])  # noqa: E731  (the strongest head's score)
+for run in study.runs:
+    local = heads_with(run["probes"][-1]["scores"], "local")
+    print(f"seed {run['seed']}: local heads {', '.join(f'L{l + 1}.h{h}' for l, h in local)}; the first at step "
+          f"{first_eval_with(run, 'local')}; the strongest previous-token head 90 % formed at step "
+          f"{first_eval_at_final(run, best_prev)}")
+for role in ("self", "quote"):
+    ratios = [max(s / r["probes"][-1]["scores"]["uniform"][role] for row in r["probes"][-1]["scores"][role] for s in row)
+              for r in study.runs]
+    print(f"{role}: each run's strongest head scores {min(ratios):.1f} to {max(ratios):.1f} times uniform attention")
+    assert 2 < min(ratios) and max(ratios) < 4
+assert all(first_eval_with(run, "local") in (300, 400) for run in study.runs)
+# layer 1's strongest local score still rises over the last 500 steps, in every run
+assert all(max(run["probes"][-1]["scores"]["local"][0]) > max(run["probes"][-6]["scores"]["local"][0]) for run in study.runs)
 assert all(counts[k] == STATED[k] for k in STATED)  # every count this chapter states, recounted from the file
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), layout="constrained")
+fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), layout="constrained")
+(ax_loss, ax_local), (ax_prev, ax_ind) = axes
 for run in study.runs:
     steps = run["steps"]
-    axes[0].plot(steps, run["val_loss"], color="tab:blue", alpha=0.6)
+    ax_loss.plot(steps, run["val_loss"], color="tab:blue", alpha=0.6)
     for layer, colour in ((0, "tab:orange"), (1, "tab:green")):
-        axes[1].plot(steps, [max(p["scores"]["previous"][layer]) for p in run["probes"]], color=colour, alpha=0.6,
-                     label=f"layer {layer + 1}" if run is study.runs[0] else None)
-    axes[2].plot(steps, [max(max(row) for row in p["scores"]["induction"]) for p in run["probes"]],
-                 color="tab:purple", alpha=0.6)
+        label = f"layer {layer + 1}" if run is study.runs[0] else None
+        for ax, role in ((ax_local, "local"), (ax_prev, "previous")):
+            ax.plot(steps, [max(p["scores"][role][layer]) for p in run["probes"]], color=colour, alpha=0.6, label=label)
+    ax_ind.plot(steps, [max(max(row) for row in p["scores"]["induction"]) for p in run["probes"]],
+                color="tab:purple", alpha=0.6)
 uni = study.runs[0]["probes"][0]["scores"]["uniform"]
-axes[0].axhline(unigram, color="grey", ls=":", label="unigram model")
-axes[0].set(title="held-out loss, every run", xlabel="step", ylabel="nats per token", ylim=(2.5, 6.5))
-axes[1].axhline(role_threshold(uni["previous"]), color="black", ls="--", lw=0.8, label="has the role")
-axes[1].set(title="strongest previous-token head", xlabel="step", ylim=(0, 1))
-axes[2].axhline(role_threshold(uni["induction"]), color="black", ls="--", lw=0.8, label="has the role")
-axes[2].axhline(uni["induction"], color="grey", ls=":", label="uniform")
-axes[2].set(title="strongest induction head", xlabel="step", ylim=(0, 1))
-for ax in axes:
+ax_loss.axhline(unigram, color="grey", ls=":", label="unigram model")
+ax_loss.set(title="held-out loss, every run", ylabel="nats per token", ylim=(2.5, 6.5))
+for ax, role, title in ((ax_local, "local", "strongest local head (last four tokens)"),
+                        (ax_prev, "previous", "strongest previous-token head"),
+                        (ax_ind, "induction", "strongest induction head")):
+    ax.axhline(role_threshold(uni[role]), color="black", ls="--", lw=0.8, label="has the role")
+    ax.axhline(uni[role], color="grey", ls=":", label="uniform")
+    ax.set(title=title, ylim=(0, 1))
+for ax in axes.flat:
+    ax.set_xlabel("step")
     ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
 # Every run learned: its held-out loss fell from about 6.4 nats to 3.26–3.36, well below the
-# unigram model's 5.40. **In none of the 6 runs does any head reach the bar for any role**, so
-# the shipped model is typical, not unlucky. Every run grew the same soft preference for the
-# previous token, weaker in layer 1 (0.16–0.21) than in layer 2 (0.34–0.41), and it kept
-# rising after the loss had flattened (the middle panel). That is the wrong layer for chapter
-# 08's rotary circuit: there the layer-2 heads with the induction pattern find their key through a
-# **previous-token head in layer 1** (K-composition), and here layer 1 has the weaker one.
+# unigram model's 5.40. **Every run has local heads**, and the shipped model is typical: in
+# all 6 runs at least three of layer 2's four heads read the last four tokens, and only in seed
+# 0 does a layer-1 head join them (layer 1's strongest heads are still rising at step 2,000,
+# towards the bar: a longer run might add more). The five runs that did not suggest the window
+# confirm it.
+# The first local head appears at step 300 or 400, in every run before the previous-token
+# preference inside the window is 90 % formed (step 600 to 900). **No other role reaches the
+# bar in any run.** Every run leans the same ways: on the token itself and on quote marks its
+# strongest head scores between two and four times what uniform attention would, and every run grew
+# the same soft preference for the previous token, weaker in layer 1 (0.16–0.21) than in
+# layer 2 (0.34–0.41), that kept rising after the loss had flattened (lower left). That is the
+# wrong layer for chapter 08's rotary circuit: there the layer-2 heads with the induction
+# pattern find their key through a **previous-token head in layer 1** (K-composition), and
+# here layer 1 has the weaker one.
 #
 # ## 8. Where are the induction heads?
 #
@@ -467,7 +508,6 @@ k_icl, n = counts["in-context learning score below zero at the end"]
 print(f"runs with a negative score at the end: {k_icl} of {n} (untrained: {min(r['probes'][0]['icl'] for r in study.runs):+.2f} "
       f"to {max(r['probes'][0]['icl'] for r in study.runs):+.2f}; at the end: {min(r['probes'][-1]['icl'] for r in study.runs):+.2f} "
       f"to {max(r['probes'][-1]['icl'] for r in study.runs):+.2f})")
-best_prev = lambda p: max(max(row) for row in p["scores"]["previous"])  # noqa: E731
 for run in study.runs:
     print(f"seed {run['seed']}: the score is 90 % formed at step {first_eval_at_final(run, lambda p: p['icl'])}, "
           f"the strongest previous-token head at step {first_eval_at_final(run, best_prev)}")
@@ -492,6 +532,8 @@ print(f"the score formed first in {k_early} of {n} runs")
 # |---|---|---|
 # | what the task needs | one thing: copy from the earlier occurrence | many things at once: syntax, names, indentation, ... |
 # | previous-token attention | with rotary positions, a previous-token head in layer 1 in 9 runs in 10 | a soft preference, stronger in layer 2 (0.34–0.41) than in layer 1, no head over the bar |
+# | local heads (the last four tokens) | not scored | in every run, 3 or 4 of layer 2's 4 heads (and one layer-1 head in 1 run of 6) |
+# | delimiters | none in the task | quote marks: a lean in every run (2–4 × uniform); newlines: twice uniform in 1 run of 6; no head over the bar |
 # | induction heads | the induction pattern in all four layer-2 heads: rotary 9 of 10 runs (phase change in 10 of 10, steps 1,100–1,930), learned 19 of the 19 that changed phase (19 of 24 within 800 steps); with copying too: learned 50 of 76 layer-2 heads, rotary 0 of 40 | no head with the induction pattern in 6 runs of 2,000 steps, and no copying |
 # | copying a repeated passage | the copy's loss falls from ln 64 = 4.16 to about 1 nat | the copy is no easier than the original |
 # | attention to the first token | not scored | below uniform: no attention sinks |
@@ -504,10 +546,11 @@ print(f"the score formed first in {k_early} of {n} runs")
 #   CPU cores in about ten minutes: byte-pair tokens, two pre-norm blocks, next-token loss,
 #   held-out files.
 # - **Scores fixed before looking**, each against uniform attention, and a bar fixed in advance
-#   say what a head does; a picture only suggests it. Here no head of any of 6 runs clears the
-#   bar for any role: in this configuration the heads are **mixtures**, with a soft preference
-#   for the previous token, stronger in layer 2 than in layer 1 (where chapter 08's rotary
-#   circuit needs it).
+#   say what a head does; a picture only suggests it. Here one role clears the bar, in every
+#   one of 6 runs: **local** heads, 3 or 4 of layer 2's four, which read the last four tokens
+#   and lean to the previous one, more in layer 2 than in layer 1 (where chapter 08's rotary
+#   circuit needs it). No head of any run clears it for the previous token alone, the token
+#   itself, the first token, a delimiter (newline, quote mark), induction or duplicate token.
 # - **No induction head and no copying** within 2,000 steps, in any run; Aoyama et al.'s fit
 #   would put their arrival about five times later, if it holds this small. Chapter 08's toy,
 #   whose task rewarded nothing but copying, formed them (with learned positions).

@@ -20,7 +20,8 @@
 # Python's own test suite), each with a question to answer on the shipped model:
 #
 # 1. a **score for a head role of your choosing**, next to what uniform attention would score;
-#    then which heads of the model have that role, by the chapter's threshold rule;
+#    then which heads of the model have that role, by the chapter's threshold rule, and whether
+#    the study's other runs agree;
 # 2. **which heads matter for one token class**: the loss on the tokens of that class when each
 #    head alone is mean-ablated; then which head matters most for a class you pick.
 #
@@ -149,6 +150,23 @@ check_role_baseline(role_baseline, role=ROLE)
 # Which heads have your role, and by how much do they clear the threshold? Is a head that stays
 # below the threshold but far above the baseline doing the role too?
 #
+# *Your answer here (double-click this cell to edit it).*
+#
+# **One run or six?** The shipped model is one run of the chapter's study. The study recorded the
+# two class roles, punctuation and indent, for every head of its 6 runs at every evaluation:
+# `load_study().runs` (from `mha_lib.textlm.study`) is the list of runs, and for a run `r`,
+# `r["probes"][-1]["scores"]["punctuation"]` holds the last evaluation's scores, one list per
+# layer, with uniform attention's score in `r["probes"][-1]["scores"]["uniform"]["punctuation"]`.
+# They are measured on the study's own held-out windows (128 of them), so they differ from
+# yours in the second decimal. For a class role: in how many runs does a head have it, and how
+# far above uniform attention is each run's strongest head, in which layer? Is the shipped model
+# typical? (For "same token", the study's nearest record is chapter 08's duplicate-token score,
+# on random tokens: see the chapter's section 7.)
+
+# %%
+# your code here
+
+# %% [markdown]
 # *Your answer here (double-click this cell to edit it).*
 #
 # ## Exercise 9.2 · Which heads matter for one token class

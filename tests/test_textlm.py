@@ -11,8 +11,8 @@ from mha_lib.heads import silence_heads
 from mha_lib.textlm import (ModelConfig, TextTransformer, Tokenizer, TrainConfig, batches, load_checkpoint,
                             save_checkpoint, split_words, train_lm)
 from mha_lib.textlm.corpus import load_text
-from mha_lib.textlm.scores import (first_token_score, key_class_score, uniform_first_token_score,
-                                   uniform_key_class_score)
+from mha_lib.textlm.scores import (LOCAL_WINDOW, delimiter_keys, first_token_score, key_class_score, local_score,
+                                   uniform_first_token_score, uniform_key_class_score, uniform_local_score)
 
 TEXT = ("def test_add(self):\n    self.assertEqual(add(1, 2), 3)\n\n"
         "def test_sub(self):\n    self.assertEqual(sub(3, 2), 1)\n") * 5
@@ -126,9 +126,43 @@ def test_scores_of_uniform_attention_equal_their_baselines() -> None:
     assert torch.allclose(first_token_score(weights), torch.full((3,), uniform_first_token_score(L)))
     assert torch.allclose(key_class_score(weights, is_class), torch.full((3,), uniform_key_class_score(is_class)),
                           atol=1e-6)
+    assert torch.allclose(local_score(weights), torch.full((3,), uniform_local_score(L)))
     sink = torch.zeros(1, 1, L, L)
     sink[..., 0] = 1.0
     assert first_token_score(sink).item() == 1.0
+
+
+def test_the_local_score_is_the_weight_on_the_last_four_keys_of_the_queries_that_see_more() -> None:
+    B, H, L = 2, 3, 12
+    logits = torch.randn(B, H, L, L, generator=torch.Generator().manual_seed(1))
+    weights = logits.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    by_hand = torch.zeros(H)
+    for h in range(H):
+        per_query = [weights[b, h, t, t - LOCAL_WINDOW + 1 : t + 1].sum() for b in range(B) for t in range(LOCAL_WINDOW, L)]
+        by_hand[h] = torch.stack(per_query).mean()
+    torch.testing.assert_close(local_score(weights), by_hand)
+    assert math.isclose(uniform_local_score(L), sum(4 / (t + 1) for t in range(4, L)) / (L - 4))
+    for back, expected in ((0, 1.0), (3, 1.0), (4, 0.0)):  # a head that looks `back` tokens back
+        one_hot = torch.zeros(1, 1, L, L)
+        t = torch.arange(L)
+        one_hot[0, 0, t, (t - back).clamp(min=0)] = 1.0
+        assert local_score(one_hot).item() == expected, back
+    with pytest.raises(ValueError, match="longer than its window"):
+        local_score(torch.ones(1, 1, 4, 4) / 4)
+    with pytest.raises(ValueError, match="longer than its window"):
+        uniform_local_score(4)
+
+
+def test_delimiter_keys_mark_quotes_indentation_and_punctuation() -> None:
+    text = "x = 'a'\n    y = \"b\"\n" * 10
+    tok = Tokenizer.train(text, 40)
+    ids = torch.tensor([tok.encode(text)[:12]])
+    keys = delimiter_keys(tok, ids)
+    assert set(keys) == {"quote", "indent", "punctuation"}
+    pieces = tok.tokens(ids[0].tolist())
+    assert keys["quote"][0].tolist() == [("'" in p or '"' in p) for p in pieces]
+    assert keys["indent"][0].tolist() == [p.strip(" ") == "" and "\n" not in p for p in pieces]
+    assert any(keys["quote"][0]) and any(keys["indent"][0]) and any(keys["punctuation"][0])
 
 
 def test_a_checkpoint_round_trips(tmp_path) -> None:
@@ -149,12 +183,17 @@ def test_head_scores_of_an_untrained_model_stay_near_uniform_and_find_no_role() 
     model = _model(max_len=40)
     text = torch.randint(30, (8, 40), generator=torch.Generator().manual_seed(2))
     scores = head_scores(model, text, newline_id=3, repeats=repeat_batch(30, 40, batch_size=16))
-    assert set(scores) == {"previous", "first", "newline", "induction", "duplicate", "uniform"}
+    assert set(scores) == {"previous", "self", "local", "first", "newline", "induction", "duplicate", "uniform"}
     assert len(scores["previous"]) == 2 and len(scores["previous"][0]) == 2
-    for role in ("previous", "first", "induction"):  # small random weights: close to uniform attention
+    for role in ("previous", "self", "local", "first", "induction"):  # small random weights: close to uniform attention
         for row in scores[role]:
             assert all(abs(s - scores["uniform"][role]) < 0.05 for s in row), (role, row, scores["uniform"][role])
     assert all(found == [] for found in roles(scores).values())
+    quotes = text % 7 == 0  # more roles scored like newline, each against its own baseline
+    more = head_scores(model, text, newline_id=3, repeats=repeat_batch(30, 40, batch_size=16),
+                       delimiters={"quote": quotes})
+    assert set(more) == set(scores) | {"quote"} and more["previous"] == scores["previous"]
+    assert more["uniform"]["quote"] == pytest.approx(uniform_key_class_score(quotes))
 
 
 def test_the_train_command_saves_a_model_that_samples(tmp_path, capsys) -> None:

@@ -104,3 +104,24 @@ def test_the_configurations_tried_are_the_ones_the_code_names_and_recount_by_han
     assert max(by_name, key=lambda n: by_name[n]["copy_gain"]) == "context 32, repeats in half"
     assert by_name["repeats in half the windows"]["val_loss"] < min(r["val_loss"][-1] for r in study.runs)
     assert by_name["attention only"]["val_loss"] > max(r["val_loss"][-1] for r in study.runs)
+
+
+def test_the_local_heads_recount_by_hand_from_the_file(study) -> None:
+    """The local role, recounted without mha_lib's findings: a head whose score on the last four keys is
+    at least halfway from uniform attention's to 1, at the last evaluation of each run."""
+    layer2_counts, layer1_runs = [], 0
+    for run in study.runs:
+        last = run["probes"][-1]["scores"]
+        bar = (1 + last["uniform"]["local"]) / 2
+        layer1_runs += any(s >= bar for s in last["local"][0])
+        layer2_counts.append(sum(s >= bar for s in last["local"][1]))
+    assert min(layer2_counts) >= 3 and layer1_runs == STATED["a local head in layer 1 at the end"][0]
+    # a run whose layer-2 heads lose the role drops out of the count
+    run = study.runs[0]
+    saved = [row[:] for row in run["probes"][-1]["scores"]["local"]]
+    try:
+        run["probes"][-1]["scores"]["local"] = [[0.0] * 4, [0.0] * 4]
+        from mha_lib.textlm.findings import count_findings
+        assert count_findings(study, 5.0)["a local head at the end"][0] == len(study.runs) - 1
+    finally:
+        run["probes"][-1]["scores"]["local"] = saved

@@ -104,3 +104,16 @@ def test_one_run_records_every_evaluation_and_saves_its_model(tmp_path) -> None:
     assert increase.shape == (2, 4, len(CLASSES)) and sum(record["ablation"]["class_share"]) == pytest.approx(1, abs=1e-3)
     _, _, info = load_checkpoint(tmp_path / "m.pt")
     assert info["history"]["val_loss"] == record["val_loss"] and info["train"]["seed"] == 1003
+
+
+def test_the_study_can_keep_every_run_s_model(tmp_path) -> None:
+    from mha_lib.textlm import load_checkpoint
+    from mha_lib.textlm.study import run_study
+
+    runs = run_study([0, 1], workers=1, train_config={"steps": 2, "eval_every": 2}, checkpoint=tmp_path / "first.pt",
+                     checkpoint_dir=tmp_path / "all")
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["model_seed0.pt", "model_seed1.pt"]
+    assert (tmp_path / "first.pt").read_bytes() == (tmp_path / "all" / "model_seed0.pt").read_bytes()
+    for run in runs:
+        _, _, info = load_checkpoint(tmp_path / "all" / f"model_seed{run['seed']}.pt")
+        assert info["history"]["val_loss"] == run["val_loss"] and info["train"]["seed"] == run["data_seed"]

@@ -100,10 +100,8 @@ def _role(role: Any) -> str:
 
 
 def _class_of_vocab(tokenizer: Tokenizer) -> Tensor:
-    """``(V,)``: each token's class, an index into ``CLASSES`` (a token as its own predecessor: only word start
-    and word piece depend on the token before, and no role here uses them)."""
-    ids = torch.arange(len(tokenizer))[None]
-    return _ablation.token_classes(tokenizer, ids, ids)[0]
+    """``(V,)``: each token's class, an index into ``CLASSES`` (:func:`mha_lib.textlm.ablation.vocab_classes`)."""
+    return _ablation.vocab_classes(tokenizer)
 
 
 def _is_class(tokens: Tensor, tokenizer: Tokenizer, cls: int) -> Tensor:

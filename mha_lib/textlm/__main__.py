@@ -61,7 +61,8 @@ def _study(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise SystemExit("--workers must be at least 1")
     seeds = args.seeds if args.seeds is not None else list(range(6))
     started = time.perf_counter()
-    runs = run_study(seeds, workers=args.workers, device=args.device, checkpoint=args.checkpoint)
+    runs = run_study(seeds, workers=args.workers, device=args.device, checkpoint=args.checkpoint,
+                     checkpoint_dir=args.checkpoint_dir)
     seconds = round(time.perf_counter() - started, 1)
     path = save_study(runs, args.output, command="python -m mha_lib.textlm " + shlex.join(argv), seconds=seconds)
     print(f"{len(runs)} runs in {seconds:.0f} s; wrote {path}")
@@ -105,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_study_arguments(study, output="textlm_study.json")
     study.add_argument("--checkpoint", default=None,
                        help="also save the first seed's model there (make study: the shipped model)")
+    study.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                       help="also save every run's model in DIR, as model_seed<N>.pt")
     configurations = sub.add_parser("configurations",
                                     help="one run (seed 0) of each configuration tried next to the shipped one")
     configurations.add_argument("--only", nargs="+", default=None, metavar="NAME",

@@ -26,7 +26,7 @@ from torch import Tensor
 from .model import TextTransformer
 from .tokenizer import Tokenizer
 
-__all__ = ["CLASSES", "ablation_losses", "class_losses", "head_means", "mean_ablated", "token_classes"]
+__all__ = ["CLASSES", "ablation_losses", "class_losses", "head_means", "mean_ablated", "token_classes", "vocab_classes"]
 
 CLASSES = ("newline", "indent", "punctuation", "word start", "word piece")
 
@@ -66,6 +66,14 @@ def token_classes(tokenizer: Tokenizer, inputs: Tensor, targets: Tensor) -> Tens
         flat.append(table[prev, tok])
     out = torch.tensor(flat, dtype=torch.long).view_as(targets)
     return out
+
+
+def vocab_classes(tokenizer: Tokenizer) -> Tensor:
+    """``(V,)``: each token's own class, an index into :data:`CLASSES`, the token taken as its own
+    predecessor (only word start and word piece depend on the token before; the key roles
+    indent and punctuation of :mod:`.scores` do not)."""
+    ids = torch.arange(len(tokenizer))[None]
+    return token_classes(tokenizer, ids, ids)[0]
 
 
 def _head_slice(model: TextTransformer, layer: int, head: int) -> slice:

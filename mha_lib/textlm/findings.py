@@ -25,9 +25,9 @@ import torch
 
 from ..studies import Record, Study
 from .ablation import CLASSES
-from .scores import ROLES, role_threshold
+from .scores import CLASS_ROLES, ROLES, role_threshold
 
-__all__ = ["COPY_SHARE", "STATED", "count_findings", "first_eval_at_final", "heads_with", "most_needed", "strongest", "unigram_loss"]
+__all__ = ["COPY_SHARE", "STATED", "count_findings", "first_eval_at_final", "first_eval_with", "heads_with", "most_needed", "strongest", "unigram_loss"]
 
 COPY_SHARE = 0.2  # a run copies when the repeat recovers at least this share of a perfect copier's gain
 
@@ -37,7 +37,17 @@ COPY_SHARE = 0.2  # a run copies when the repeat recovers at least this share of
 STATED: dict[str, tuple[int, int]] = {
     "held-out loss below the unigram model's": (6, 6),
     "held-out loss below uniform guessing (ln 512)": (6, 6),
-    **{f"a {role} head at the end": (0, 6) for role in ROLES},
+    **{f"a {role} head at the end": (0, 6) for role in ROLES if role != "local"},
+    "a local head at the end": (6, 6),
+    "a local head in layer 1 at the end": (1, 6),
+    "a local head in layer 2 at the end": (6, 6),
+    "at least 3 of layer 2's 4 heads are local heads at the end": (6, 6),
+    "a local head forms before the strongest previous-token head is 90 % formed": (6, 6),
+    "a head at twice uniform or more for self at the end": (6, 6),
+    "a head at twice uniform or more for quote at the end": (6, 6),
+    "a head at twice uniform or more for newline at the end": (1, 6),
+    # exercise 9.1's roles, recounted in its solution
+    **{f"a {role} head at the end": (0, 6) for role in CLASS_ROLES},
     "an induction head at any evaluation": (0, 6),
     "the repeated passage: the copy recovers a fifth of a perfect copier's gain": (0, 6),
     "in-context learning score below zero at the end": (6, 6),
@@ -90,6 +100,11 @@ def first_eval_at_final(run: Record, fn: Callable[[dict], float], share: float =
     return run["steps"][-1]
 
 
+def first_eval_with(run: Record, role: str) -> int | None:
+    """The first evaluation step at which a head of the run has ``role`` (None: never)."""
+    return next((step for step, p in zip(run["steps"], run["probes"]) if heads_with(p["scores"], role)), None)
+
+
 def count_findings(study: Study, unigram: float) -> dict[str, tuple[int, int]]:
     """``{finding: (k, n)}``: the finding holds in ``k`` of the study's ``n`` runs."""
     runs = study.runs
@@ -102,11 +117,18 @@ def count_findings(study: Study, unigram: float) -> dict[str, tuple[int, int]]:
     count("held-out loss below the unigram model's", lambda r: r["val_loss"][-1] < unigram)
     count("held-out loss below uniform guessing (ln 512)", lambda r: r["val_loss"][-1] < math.log(512))
     final = lambda r: r["probes"][-1]["scores"]  # noqa: E731
-    for role in ROLES:
+    for role in ROLES + CLASS_ROLES:  # the class roles: exercise 9.1's, recounted in its solution
         count(f"a {role} head at the end", lambda r, role=role: heads_with(final(r), role))
         for layer in (0, 1):
             count(f"a {role} head in layer {layer + 1} at the end",
                   lambda r, role=role, layer=layer: any(l == layer for l, _ in heads_with(final(r), role)))
+        count(f"a head at twice uniform or more for {role} at the end",
+              lambda r, role=role: any(s >= 2 * final(r)["uniform"][role] for row in final(r)[role] for s in row))
+    count("at least 3 of layer 2's 4 heads are local heads at the end",
+          lambda r: sum(l == 1 for l, _ in heads_with(final(r), "local")) >= 3)
+    count("a local head forms before the strongest previous-token head is 90 % formed",
+          lambda r: (first_eval_with(r, "local") if first_eval_with(r, "local") is not None else math.inf)
+          < first_eval_at_final(r, lambda p: max(max(row) for row in p["scores"]["previous"])))
     count("an induction head at any evaluation",
           lambda r: any(heads_with(p["scores"], "induction") for p in r["probes"]))
     count("the repeated passage: the copy recovers a fifth of a perfect copier's gain",

@@ -6,10 +6,17 @@ weight **uniformly** over the visible keys would get. A head "has" a role when i
 at least :func:`role_threshold` of that baseline (fixed in advance, as in chapter 08):
 
 - **previous token** (on held-out text): query ``t`` -> key ``t - 1``;
+- **self** (on held-out text): query ``t`` -> key ``t``, the token itself;
+- **local** (on held-out text): query ``t`` -> the :data:`LOCAL_WINDOW` keys ``t - 3 ... t``, over
+  the queries that see more keys than that (a head that reads the last few tokens, whatever
+  they are: a *positional* role, as previous token and self are);
 - **first token** (on held-out text): query ``t`` -> key 0, where many heads park weight
   they don't need (an "attention sink", Xiao et al. 2024);
 - **newline** (on held-out text): query ``t`` -> the keys that are newlines, against their
-  share of the visible keys (exercise 9.1 scores indentation and punctuation the same way);
+  share of the visible keys; **quote** the same for the keys that hold a quote mark (``'`` or
+  ``"``), the delimiters of strings. Exercise 9.1's roles **indent** and **punctuation**
+  (:data:`CLASS_ROLES`) are scored this way too, with the study, for its solution; the chapter
+  leaves them to the learner;
 - **induction** and **duplicate token** (on random tokens with a repeated segment, chapter
   08's :func:`~mha_lib.induction.repeated_segments`): from the second copy to the token after
   the earlier occurrence, or to the earlier occurrence itself.
@@ -19,7 +26,7 @@ Chapter 08's score functions are reused, not copied.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -29,16 +36,22 @@ from ..induction.scores import (
     duplicate_token_score,
     induction_score,
     previous_token_score,
+    self_score,
     uniform_induction_score,
     uniform_previous_token_score,
 )
 from ..induction.run import role_threshold  # halfway from the uniform baseline to 1, as in chapter 08
+from .ablation import CLASSES, vocab_classes
 from .model import TextTransformer
+from .tokenizer import Tokenizer
 
-__all__ = ["ROLES", "first_token_score", "key_class_score", "role_threshold", "head_scores", "repeat_batch",
-           "uniform_first_token_score", "uniform_key_class_score"]
+__all__ = ["CLASS_ROLES", "LOCAL_WINDOW", "ROLES", "delimiter_keys", "first_token_score", "key_class_score",
+           "local_score", "role_threshold", "head_scores", "repeat_batch", "uniform_first_token_score",
+           "uniform_key_class_score", "uniform_local_score"]
 
-ROLES = ("previous", "first", "newline", "induction", "duplicate")
+ROLES = ("previous", "self", "local", "first", "newline", "quote", "induction", "duplicate")
+CLASS_ROLES = ("indent", "punctuation")  # exercise 9.1's, recorded by the study for its solution
+LOCAL_WINDOW = 4  # the local role's keys: the current token and the three before it
 
 
 def first_token_score(weights: Tensor) -> Tensor:
@@ -49,6 +62,35 @@ def first_token_score(weights: Tensor) -> Tensor:
 def uniform_first_token_score(seq_len: int) -> float:
     """Uniform attention's first-token score: the previous-token baseline, mean of ``1 / (t + 1)``."""
     return uniform_previous_token_score(seq_len)
+
+
+def _local_keys(seq_len: int, window: int) -> tuple[Tensor, Tensor]:
+    """``(keys (L, L), queries (L,))`` bool: keys ``t - window + 1 ... t``, queries ``t >= window``."""
+    t = torch.arange(seq_len)
+    gap = t[:, None] - t[None, :]  # query minus key
+    return (gap >= 0) & (gap < window), t >= window
+
+
+def local_score(weights: Tensor, window: int = LOCAL_WINDOW) -> Tensor:
+    """``(H,)``: mean total weight from query ``t`` to keys ``t - window + 1 ... t``, over the
+    queries ``t >= window`` (which see more keys than the window) and the batch.
+
+    Args:
+        weights: ``(B, H, L, L)``, ``L > window``.
+    """
+    L = weights.size(-1)
+    if L <= window:
+        raise ValueError(f"the local score needs sequences longer than its window ({window}), got {L} tokens")
+    keys, queries = _local_keys(L, window)
+    picked = (weights * keys.to(weights.device, weights.dtype)).sum(-1)  # (B, H, L)
+    return picked[:, :, queries.to(weights.device)].mean(dim=(0, 2))
+
+
+def uniform_local_score(seq_len: int, window: int = LOCAL_WINDOW) -> float:
+    """Uniform attention's :func:`local_score`: the mean of ``window / (t + 1)`` over ``t = window ... L - 1``."""
+    if seq_len <= window:
+        raise ValueError(f"the local score needs sequences longer than its window ({window}), got {seq_len}")
+    return sum(window / (t + 1) for t in range(window, seq_len)) / (seq_len - window)
 
 
 def key_class_score(weights: Tensor, is_class: Tensor) -> Tensor:
@@ -76,32 +118,52 @@ def repeat_batch(vocab_size: int, seq_len: int, batch_size: int = 64, seed: int 
     return repeated_segments(batch_size, seq_len, vocab_size, (min(10, longest), longest), generator=generator)
 
 
+def delimiter_keys(tokenizer: Tokenizer, text_ids: Tensor) -> dict[str, Tensor]:
+    """``{"quote", "indent", "punctuation": (B, L) bool}``: where ``text_ids`` hold a token with a quote
+    mark (``'`` or ``"``), and tokens of chapter 09's classes indent and punctuation
+    (:func:`~.ablation.vocab_classes`, exercise 9.1's keys)."""
+    strings = tokenizer.tokens(range(len(tokenizer)))
+    has_quote = torch.tensor(["'" in s or '"' in s for s in strings])
+    classes = vocab_classes(tokenizer)
+    ids = text_ids.cpu()
+    return {"quote": has_quote[ids], **{role: classes[ids] == CLASSES.index(role) for role in CLASS_ROLES}}
+
+
 @torch.no_grad()
-def head_scores(model: TextTransformer, text_ids: Tensor, newline_id: int | None, repeats: RepeatBatch) -> dict:
+def head_scores(model: TextTransformer, text_ids: Tensor, newline_id: int | None, repeats: RepeatBatch,
+                delimiters: Mapping[str, Tensor] | None = None) -> dict:
     """Every role's score for every head: ``{role: [[score per head] per layer]}`` and ``"uniform"``.
 
     Args:
         text_ids: ``(B, L)`` windows of held-out text.
         newline_id: the newline's token id (None: no newline score).
         repeats: a :func:`repeat_batch`.
+        delimiters: ``{role: (B, L) bool}``, the keys of more roles scored like newline
+            (:func:`delimiter_keys`: quote, indent, punctuation); roles not given are not scored.
     """
     device = model.unembed.weight.device
     _, text_weights = model(text_ids.to(device), return_weights=True)
     _, repeat_weights = model(repeats.tokens.to(device), return_weights=True)
-    scores: dict = {role: [] for role in ROLES}
     is_newline = text_ids == newline_id if newline_id is not None else torch.zeros_like(text_ids, dtype=torch.bool)
+    key_sets = {"newline": is_newline.cpu(), **{role: keys.cpu() for role, keys in (delimiters or {}).items()}}
+    text_roles = {
+        "previous": previous_token_score, "self": self_score, "local": local_score, "first": first_token_score,
+        **{role: (lambda w, keys=keys: key_class_score(w, keys)) for role, keys in key_sets.items()},
+    }
+    scores: dict = {role: [] for role in text_roles}
+    scores["induction"], scores["duplicate"] = [], []
     for w_text, w_rep in zip(text_weights, repeat_weights):
         w_text, w_rep = w_text.float().cpu(), w_rep.float().cpu()
-        scores["previous"].append(previous_token_score(w_text).tolist())
-        scores["first"].append(first_token_score(w_text).tolist())
-        scores["newline"].append(key_class_score(w_text, is_newline).tolist())
+        for role, score in text_roles.items():
+            scores[role].append(score(w_text).tolist())
         scores["induction"].append(induction_score(w_rep, repeats).tolist())
         scores["duplicate"].append(duplicate_token_score(w_rep, repeats).tolist())
     L = text_ids.size(1)
     scores["uniform"] = {
-        "previous": uniform_previous_token_score(L), "first": uniform_first_token_score(L),
-        "newline": uniform_key_class_score(is_newline), "induction": uniform_induction_score(repeats),
-        "duplicate": uniform_induction_score(repeats),
+        "previous": uniform_previous_token_score(L), "self": uniform_previous_token_score(L),
+        "local": uniform_local_score(L), "first": uniform_first_token_score(L),
+        **{role: uniform_key_class_score(keys) for role, keys in key_sets.items()},
+        "induction": uniform_induction_score(repeats), "duplicate": uniform_induction_score(repeats),
     }
     return scores
 
@@ -109,7 +171,7 @@ def head_scores(model: TextTransformer, text_ids: Tensor, newline_id: int | None
 def roles(scores: dict) -> dict[str, list[tuple[int, int]]]:
     """The ``(layer, head)`` pairs whose score reaches :func:`role_threshold` of the role's baseline."""
     found = {}
-    for role in ROLES:
+    for role in (r for r in ROLES + CLASS_ROLES if r in scores):
         bar = role_threshold(scores["uniform"][role])
         found[role] = [(l, h) for l, row in enumerate(scores[role]) for h, s in enumerate(row) if s >= bar]
     return found
@@ -118,10 +180,11 @@ def roles(scores: dict) -> dict[str, list[tuple[int, int]]]:
 def describe_heads(scores: dict, labels: Sequence[str] = ROLES) -> str:
     """A table: one row per head (``L1.h0``: layer 1, head 0), its score for every role; then
     the uniform baseline (``unif.``) and the threshold a head has the role from (``bar``)."""
-    lines = ["head  " + "".join(f"{r:>10}" for r in labels)]
+    width = [max(10, len(r) + 2) for r in labels]
+    lines = ["head  " + "".join(f"{r:>{w}}" for r, w in zip(labels, width))]
     for l, row in enumerate(scores[labels[0]]):
         for h in range(len(row)):
-            lines.append(f"L{l + 1}.h{h} " + "".join(f"{scores[r][l][h]:10.2f}" for r in labels))
-    lines.append("unif. " + "".join(f"{scores['uniform'][r]:10.2f}" for r in labels))
-    lines.append("bar   " + "".join(f"{role_threshold(scores['uniform'][r]):10.2f}" for r in labels))
+            lines.append(f"L{l + 1}.h{h} " + "".join(f"{scores[r][l][h]:{w}.2f}" for r, w in zip(labels, width)))
+    lines.append("unif. " + "".join(f"{scores['uniform'][r]:{w}.2f}" for r, w in zip(labels, width)))
+    lines.append("bar   " + "".join(f"{role_threshold(scores['uniform'][r]):{w}.2f}" for r, w in zip(labels, width)))
     return "\n".join(lines)

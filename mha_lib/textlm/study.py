@@ -7,7 +7,8 @@ last step, what mean-ablating each head costs per token class (:mod:`.ablation`)
 go through the machinery every seed study shares (:mod:`mha_lib.studies`), and chapter 09
 quotes only what held over them (:mod:`.findings`).
 
-``python -m mha_lib.textlm study`` re-trains it (seeds 0-5; 6 runs took 39 min on 2 busy cores);
+``python -m mha_lib.textlm study`` re-trains it (seeds 0-5; the 6 runs took
+16.5 min on 2 quiet cores, 39 min on busy ones);
 ``python -m mha_lib.textlm study --help`` says more.
 """
 
@@ -30,7 +31,7 @@ from .checkpoint import CHECKPOINT_FILE, save_checkpoint
 from .config import MODEL, TRAIN
 from .corpus import Corpus, load_corpus
 from .model import ModelConfig, TextTransformer
-from .scores import head_scores, repeat_batch
+from .scores import delimiter_keys, head_scores, repeat_batch
 from .train import TrainConfig, train_lm
 
 __all__ = ["STUDY_FILE", "Probes", "icl_score", "load_study", "probe", "run_seed", "run_study", "save_study"]
@@ -62,6 +63,7 @@ class Probes:
         self.seq_len = seq_len
         self.inputs, self.targets = corpus.val_windows(VAL_WINDOWS, seq_len)
         self.newline = corpus.tokenizer.encode("\n")[0]
+        self.delimiters = delimiter_keys(corpus.tokenizer, self.inputs)  # quote, indent, punctuation keys
         self.repeats = repeat_batch(len(corpus.tokenizer), seq_len, 64, seed=REPEAT_SEED)
         # A held-out passage of L/2 tokens, then the same passage again: is the copy easier?
         half = seq_len // 2
@@ -81,7 +83,7 @@ def probe(model: TextTransformer, probes: Probes) -> dict[str, Any]:
     ``second_copy``: the mean loss on a held-out passage and on the same passage repeated.
     """
     device = model.unembed.weight.device
-    scores = head_scores(model, probes.inputs, probes.newline, probes.repeats)
+    scores = head_scores(model, probes.inputs, probes.newline, probes.repeats, probes.delimiters)
     rounded = {role: [[round(s, 4) for s in row] for row in rows] for role, rows in scores.items() if role != "uniform"}
     rounded["uniform"] = {role: round(v, 4) for role, v in scores["uniform"].items()}
     logits = model(probes.inputs.to(device)).float().cpu()
@@ -124,17 +126,29 @@ def run_seed(seed: int, model_config: dict[str, Any] | None = None, train_config
     }
 
 
-def _job(job: tuple[int, str, str | None, dict[str, Any]]) -> Record:
-    seed, device, checkpoint, train_config = job
-    return run_seed(seed, train_config=train_config, device=device, checkpoint=checkpoint)
+def _job(job: tuple[int, str, list[str], dict[str, Any]]) -> Record:
+    seed, device, checkpoints, train_config = job
+    record = run_seed(seed, train_config=train_config, device=device, checkpoint=checkpoints[0] if checkpoints else None)
+    for extra in checkpoints[1:]:  # the same file again, under another name
+        Path(extra).write_bytes(Path(checkpoints[0]).read_bytes())
+    return record
 
 
 def run_study(seeds: Sequence[int], workers: int = 2, device: torch.device | str = "cpu",
-              checkpoint: str | Path | None = None, train_config: dict[str, Any] | None = None) -> list[Record]:
+              checkpoint: str | Path | None = None, train_config: dict[str, Any] | None = None,
+              checkpoint_dir: str | Path | None = None) -> list[Record]:
     """One run per seed (:func:`run_seed`), ``workers`` at a time, with a progress bar on stderr;
-    ``checkpoint``: where to save the first seed's model (the shipped one: :data:`CHECKPOINT_FILE`)."""
-    jobs = [(seed, str(device), str(checkpoint) if checkpoint and i == 0 else None, dict(train_config or {}))
-            for i, seed in enumerate(seeds)]
+    ``checkpoint``: where to save the first seed's model (the shipped one: :data:`CHECKPOINT_FILE`);
+    ``checkpoint_dir``: also save every run's model there, as ``model_seed<N>.pt`` (to score
+    roles the study did not record without training again)."""
+    if checkpoint_dir is not None:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+
+    def paths(i: int, seed: int) -> list[str]:
+        out = [str(checkpoint)] if checkpoint and i == 0 else []
+        return out + ([str(Path(checkpoint_dir) / f"model_seed{seed}.pt")] if checkpoint_dir is not None else [])
+
+    jobs = [(seed, str(device), paths(i, seed), dict(train_config or {})) for i, seed in enumerate(seeds)]
     return run_jobs(_job, jobs, workers=workers)
 
 
