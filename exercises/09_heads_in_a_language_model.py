@@ -158,8 +158,9 @@ check_role_baseline(role_baseline, role=ROLE)
 # `r["probes"][-1]["scores"]["punctuation"]` holds the last evaluation's scores, one list per
 # layer, with uniform attention's score in `r["probes"][-1]["scores"]["uniform"]["punctuation"]`.
 # They are measured on the study's own held-out windows (128 of them), so they differ from
-# yours in the second decimal. For a class role: in how many runs does a head have it, and how
-# far above uniform attention is each run's strongest head, in which layer? Is the shipped model
+# yours in the second decimal. For a class role: in how many runs does a head have it? How many
+# times uniform attention's score does each run's strongest head reach, and in which layer is
+# it? Is the shipped model
 # typical? (For "same token", the study's nearest record is chapter 08's duplicate-token score,
 # on random tokens: see the chapter's section 7.)
 

@@ -245,8 +245,9 @@ print(f"punctuation: layer 2, heads 2 and 3 at {punct[1, 2]:.2f} and {punct[1, 3
 # `r["probes"][-1]["scores"]["punctuation"]` holds the last evaluation's scores, one list per
 # layer, with uniform attention's score in `r["probes"][-1]["scores"]["uniform"]["punctuation"]`.
 # They are measured on the study's own held-out windows (128 of them), so they differ from
-# yours in the second decimal. For a class role: in how many runs does a head have it, and how
-# far above uniform attention is each run's strongest head, in which layer? Is the shipped model
+# yours in the second decimal. For a class role: in how many runs does a head have it? How many
+# times uniform attention's score does each run's strongest head reach, and in which layer is
+# it? Is the shipped model
 # typical? (For "same token", the study's nearest record is chapter 08's duplicate-token score,
 # on random tokens: see the chapter's section 7.)
 
@@ -434,7 +435,8 @@ print(f"layer 2: {table[1].min():.2f} to {table[1].max():.2f}; layer 1: at most 
 # punctuation are the ones the model needs most to predict it. But the link is loose: heads 0 and 1
 # of layer 2 matter almost as much (0.24 and 0.21) without any lean, and no head has the role by
 # the rule. Of the chapter's roles, head 2 has one, *local* (it reads the last four tokens; the
-# chapter's section 6 asserts it), and head 3 none. A score says where a head looks; the ablation says what the model loses without what
+# chapter's section 6 asserts it), and head 3 none; but heads 0 and 1 are local heads too, so
+# that role does not tell the punctuation heads apart. A score says where a head looks; the ablation says what the model loses without what
 # it writes. Neither replaces the other, and this is one run: the chapter's seed study says which
 # findings hold across runs.
 # <!-- END ANSWER -->

@@ -27,7 +27,8 @@ from ..studies import Record, Study
 from .ablation import CLASSES
 from .scores import CLASS_ROLES, ROLES, role_threshold
 
-__all__ = ["COPY_SHARE", "STATED", "count_findings", "first_eval_at_final", "first_eval_with", "heads_with", "most_needed", "strongest", "unigram_loss"]
+__all__ = ["COPY_SHARE", "STATED", "count_findings", "first_eval_at_final", "first_eval_with", "heads_with",
+           "most_needed", "strongest", "unigram_loss"]
 
 COPY_SHARE = 0.2  # a run copies when the repeat recovers at least this share of a perfect copier's gain
 
@@ -42,7 +43,9 @@ STATED: dict[str, tuple[int, int]] = {
     "a local head in layer 1 at the end": (1, 6),
     "a local head in layer 2 at the end": (6, 6),
     "at least 3 of layer 2's 4 heads are local heads at the end": (6, 6),
-    "a local head forms before the strongest previous-token head is 90 % formed": (6, 6),
+    "the strongest local head is 90 % formed before the strongest previous-token head is": (6, 6),
+    "the strongest previous-token head is a local head": (6, 6),
+    "every head scores at least twice uniform attention's local score": (6, 6),
     "a head at twice uniform or more for self at the end": (6, 6),
     "a head at twice uniform or more for quote at the end": (6, 6),
     "a head at twice uniform or more for newline at the end": (1, 6),
@@ -59,6 +62,8 @@ STATED: dict[str, tuple[int, int]] = {
     "the head word piece targets need most is in layer 2": (6, 6),
     "word pieces need most the strongest previous-token head (runs other than seed 0)": (4, 5),
     "indentation needs most the strongest newline head (runs other than seed 0)": (0, 5),
+    "run-and-class pairs whose most-needed head is a local head": (25, 30),
+    "layer-2 heads that are local heads, over all runs": (21, 24),
 }
 
 
@@ -126,9 +131,13 @@ def count_findings(study: Study, unigram: float) -> dict[str, tuple[int, int]]:
               lambda r, role=role: any(s >= 2 * final(r)["uniform"][role] for row in final(r)[role] for s in row))
     count("at least 3 of layer 2's 4 heads are local heads at the end",
           lambda r: sum(l == 1 for l, _ in heads_with(final(r), "local")) >= 3)
-    count("a local head forms before the strongest previous-token head is 90 % formed",
-          lambda r: (first_eval_with(r, "local") if first_eval_with(r, "local") is not None else math.inf)
+    count("the strongest local head is 90 % formed before the strongest previous-token head is",
+          lambda r: first_eval_at_final(r, lambda p: max(max(row) for row in p["scores"]["local"]))
           < first_eval_at_final(r, lambda p: max(max(row) for row in p["scores"]["previous"])))
+    count("the strongest previous-token head is a local head",
+          lambda r: strongest(final(r), "previous") in heads_with(final(r), "local"))
+    count("every head scores at least twice uniform attention's local score",
+          lambda r: all(s >= 2 * final(r)["uniform"]["local"] for row in final(r)["local"] for s in row))
     count("an induction head at any evaluation",
           lambda r: any(heads_with(p["scores"], "induction") for p in r["probes"]))
     count("the repeated passage: the copy recovers a fifth of a perfect copier's gain",
@@ -144,6 +153,12 @@ def count_findings(study: Study, unigram: float) -> dict[str, tuple[int, int]]:
     others = [r for r in runs if r["seed"] != 0]
     out["word pieces need most the strongest previous-token head (runs other than seed 0)"] = (
         sum(most_needed(r, "word piece") == strongest(final(r), "previous") for r in others), len(others))
+    pairs = [(r, cls) for r in runs for cls in CLASSES]
+    out["run-and-class pairs whose most-needed head is a local head"] = (
+        sum(most_needed(r, cls) in heads_with(final(r), "local") for r, cls in pairs), len(pairs))
+    out["layer-2 heads that are local heads, over all runs"] = (
+        sum(l == 1 for r in runs for l, _ in heads_with(final(r), "local")),
+        sum(len(final(r)["local"][1]) for r in runs))
     out["indentation needs most the strongest newline head (runs other than seed 0)"] = (
         sum(most_needed(r, "indent") == strongest(final(r), "newline") for r in others), len(others))
     return out
