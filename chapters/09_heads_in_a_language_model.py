@@ -229,12 +229,12 @@ attention_explorer(labels, [w[0] for w in weights], title="The shipped model on 
 # The local window's width, four, is the one choice here made after looking at a model: seed
 # 0's weights fall off beyond three tokens back (the cell below prints them by distance), so
 # the study's five other runs are the test of it. Newlines and quote marks are **delimiters**:
-# they mark where lines end and where strings begin and end. Spaces are not a
-# role of their own: the tokenizer glues a space to the word after it (`' self'`), and the
-# tokens that are only spaces are the indentation, a role you can score in exercise 9.1, with
-# punctuation. Induction and duplicate-token heads are scored on chapter 08's random sequences
-# because in real text a token has many earlier occurrences and no single right place to look;
-# random tokens repeated once make the right key unambiguous, the test Olsson et al. use too.
+# they mark where lines end and where strings begin and end. Spaces are not a role of their
+# own: the tokenizer glues a space to the word after it (`' self'`), and the tokens that are
+# only spaces are the indentation, a role you can score in exercise 9.1, with punctuation.
+# Induction and duplicate-token heads are scored on chapter 08's random sequences because in
+# real text a token has many earlier occurrences and no single right place to look; random
+# tokens repeated once make the right key unambiguous, the test Olsson et al. use too.
 
 # %%
 scores = probe(model, probes)["scores"]  # probes: section 3's held-out windows and chapter 08's repeated segments
@@ -260,11 +260,13 @@ assert (back[:, 4:] < 2 * uniform_back).all()  # from four back: under twice uni
 # 0.18; the other four heads score 0.42 to 0.57, also far above uniform, but below the bar
 # (0.59). Every head reads locally, then, and the bar separates the stronger ones. The weight by
 # distance shows the shape: it peaks on the previous token, falls with every token further
-# back, and from four tokens back on is less than twice uniform attention's. **No head has any other role.** Every head of layer 2 puts 0.20 to
-# 0.41 of its total weight on the previous token (three to seven times uniform attention's
-# 0.06), and 0.10 to 0.19 on itself: about two thirds of a local head's window weight, the rest
-# on the two tokens before. Delimiters draw a little: layer 2's heads 2 and 3 put 0.06 and 0.08 on
-# quote marks (uniform 0.03), and head 3 0.10 on newlines (uniform 0.04), far below the bar.
+# back, and from four tokens back on is less than twice uniform attention's.
+#
+# **No head has any other role.** Every head of layer 2 puts 0.20 to 0.41 of its total weight on
+# the previous token (three to seven times uniform attention's 0.06), and 0.10 to 0.19 on
+# itself: about two thirds of a local head's window weight, the rest on the two tokens before.
+# Delimiters draw a little: layer 2's heads 2 and 3 put 0.06 and 0.08 on quote marks (uniform
+# 0.03), and head 3 0.10 on newlines (uniform 0.04), far below the bar.
 # Three roles are *below* uniform: no head parks its weight on the first token (the
 # "attention sinks" of large models are absent here), and on random tokens with a repeated
 # segment no head looks at the earlier occurrence or the token after it. So the heads of this
@@ -354,17 +356,18 @@ plt.show()
 # a trait all heads share. The five runs that played no part in choosing the width have local
 # heads too; whether four is the best width, no other width was scored to say.
 #
-# The first local head appears at step 300 or 400. Measured the same way, as 90 % of its final
-# value, the strongest local score forms first (steps 500 to 700), and the strongest
-# previous-token score after it (steps 600 to 900), in every run; and in every run the
-# strongest previous-token head is one of the local heads. **No other role reaches the bar in
-# any run.** In every run the strongest head scores 3.1 to 3.5 times uniform attention on the
-# token itself and 2.4 to 3.1 times on quote marks, and every run grew the same soft preference
-# for the previous token, weaker in layer 1 (0.16–0.21) than in layer 2 (0.34–0.41), that kept
-# rising after the loss had flattened (lower left). That is the
-# wrong layer for chapter 08's rotary circuit: there the layer-2 heads with the induction
-# pattern find their key through a **previous-token head in layer 1** (K-composition), and
-# here layer 1 has the weaker one.
+# The first local head appears at step 300 or 400. Timed alike, as the step at which a score
+# reaches 90 % of its final value, the strongest local score forms first (steps 500 to 700)
+# and the strongest previous-token score after it (steps 600 to 900), in every run; and in
+# every run the strongest previous-token head is one of the local heads.
+#
+# **No other role reaches the bar in any run.** In every run the strongest head scores 3.1 to
+# 3.5 times uniform attention on the token itself and 2.4 to 3.1 times on quote marks, and
+# every run grew the same soft preference for the previous token, weaker in layer 1
+# (0.16–0.21) than in layer 2 (0.34–0.41), that kept rising after the loss had flattened
+# (lower left). That is the wrong layer for chapter 08's rotary circuit: there the layer-2
+# heads with the induction pattern find their key through a **previous-token head in layer
+# 1** (K-composition), and here layer 1 has the weaker one.
 #
 # ## 8. Where are the induction heads?
 #
