@@ -151,6 +151,10 @@ def test_the_local_score_is_the_weight_on_the_last_four_keys_of_the_queries_that
         local_score(torch.ones(1, 1, 4, 4) / 4)
     with pytest.raises(ValueError, match="longer than its window"):
         uniform_local_score(4)
+    with pytest.raises(ValueError, match="window"):
+        local_score(weights, window=0)
+    with pytest.raises(ValueError, match=r"\(B, H, L, L\)"):
+        local_score(weights[0])
 
 
 def test_delimiter_keys_mark_quotes_indentation_and_punctuation() -> None:
@@ -194,6 +198,9 @@ def test_head_scores_of_an_untrained_model_stay_near_uniform_and_find_no_role() 
                        delimiters={"quote": quotes})
     assert set(more) == set(scores) | {"quote"} and more["previous"] == scores["previous"]
     assert more["uniform"]["quote"] == pytest.approx(uniform_key_class_score(quotes))
+    with pytest.raises(ValueError, match=r"delimiters\['quote'\] must be a bool tensor shaped like text_ids"):
+        head_scores(model, text, newline_id=3, repeats=repeat_batch(30, 40, batch_size=16),
+                    delimiters={"quote": quotes[:, :5]})
 
 
 def test_the_train_command_saves_a_model_that_samples(tmp_path, capsys) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..induction.data import RepeatBatch, repeated_segments
+from ..induction.scores import _check_weights
 from ..induction.scores import (
     duplicate_token_score,
     induction_score,
@@ -41,6 +42,7 @@ from ..induction.scores import (
     uniform_previous_token_score,
 )
 from ..induction.run import role_threshold  # halfway from the uniform baseline to 1, as in chapter 08
+from ..validation import check_positive_int
 from .ablation import CLASSES, vocab_classes
 from .model import TextTransformer
 from .tokenizer import Tokenizer
@@ -78,7 +80,8 @@ def local_score(weights: Tensor, window: int = LOCAL_WINDOW) -> Tensor:
     Args:
         weights: ``(B, H, L, L)``, ``L > window``.
     """
-    L = weights.size(-1)
+    _, _, L = _check_weights(weights)
+    window = check_positive_int(window, "window")
     if L <= window:
         raise ValueError(f"the local score needs sequences longer than its window ({window}), got {L} tokens")
     keys, queries = _local_keys(L, window)
@@ -88,6 +91,7 @@ def local_score(weights: Tensor, window: int = LOCAL_WINDOW) -> Tensor:
 
 def uniform_local_score(seq_len: int, window: int = LOCAL_WINDOW) -> float:
     """Uniform attention's :func:`local_score`: the mean of ``window / (t + 1)`` over ``t = window ... L - 1``."""
+    seq_len, window = check_positive_int(seq_len, "seq_len"), check_positive_int(window, "window")
     if seq_len <= window:
         raise ValueError(f"the local score needs sequences longer than its window ({window}), got {seq_len}")
     return sum(window / (t + 1) for t in range(window, seq_len)) / (seq_len - window)
@@ -145,6 +149,11 @@ def head_scores(model: TextTransformer, text_ids: Tensor, newline_id: int | None
     _, text_weights = model(text_ids.to(device), return_weights=True)
     _, repeat_weights = model(repeats.tokens.to(device), return_weights=True)
     is_newline = text_ids == newline_id if newline_id is not None else torch.zeros_like(text_ids, dtype=torch.bool)
+    for role, keys in (delimiters or {}).items():
+        if not isinstance(keys, Tensor) or keys.dtype != torch.bool or keys.shape != text_ids.shape:
+            got = f"{keys.dtype} {tuple(keys.shape)}" if isinstance(keys, Tensor) else type(keys).__name__
+            raise ValueError(f"delimiters[{role!r}] must be a bool tensor shaped like text_ids "
+                             f"{tuple(text_ids.shape)}, True at the role's keys; got {got}")
     key_sets = {"newline": is_newline.cpu(), **{role: keys.cpu() for role, keys in (delimiters or {}).items()}}
     text_roles = {
         "previous": previous_token_score, "self": self_score, "local": local_score, "first": first_token_score,
