@@ -65,7 +65,7 @@ from mha_lib.textlm.config import MODEL, TRAIN
 from mha_lib.textlm.configurations import load_configurations, summary
 from mha_lib.textlm.corpus import load_text
 from mha_lib.textlm.findings import (COPY_SHARE, STATED, count_findings, first_eval_at_final, first_eval_with,
-                                    heads_with, unigram_loss)
+                                    heads_with, strongest_score, unigram_loss)
 from mha_lib.textlm.scores import describe_heads, role_threshold
 from mha_lib.textlm.study import Probes, icl_score, load_study, probe
 
@@ -297,9 +297,8 @@ for role in ROLES:
 prev_best = [[max(row) for row in r["probes"][-1]["scores"]["previous"]] for r in study.runs]
 print(f"strongest previous-token score in layer 1: {min(b[0] for b in prev_best):.2f} to {max(b[0] for b in prev_best):.2f}; "
       f"in layer 2: {min(b[1] for b in prev_best):.2f} to {max(b[1] for b in prev_best):.2f} (uniform 0.06, bar 0.53)")
-best_prev = lambda p: max(max(row) for row in p["scores"]["previous"])  # noqa: E731  (the strongest head's score)
-best_local = lambda p: max(max(row) for row in p["scores"]["local"])  # noqa: E731
-best_layer1 = lambda p: max(p["scores"]["local"][0])  # noqa: E731
+best_prev, best_local = strongest_score("previous"), strongest_score("local")  # a probe -> the strongest head's score
+best_layer1 = strongest_score("local", layer=0)
 for run in study.runs:
     local = heads_with(run["probes"][-1]["scores"], "local")
     print(f"seed {run['seed']}: local heads {', '.join(f'L{l + 1}.h{h}' for l, h in local)}; the first at step "

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ..induction.data import RepeatBatch, repeated_segments
-from ..induction.scores import _check_weights
 from ..induction.scores import (
+    _check_weights,
     duplicate_token_score,
     induction_score,
     previous_token_score,

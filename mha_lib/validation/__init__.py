@@ -48,7 +48,7 @@ from .sizes import (
 from .tensors import (check_attention_inputs, check_cache, check_forward, check_positions, check_qkv, check_sequence,
                       check_sinks, same_tensor)
 
-__all__ = ["as_index", "broadcast_shapes", "check_attention_inputs", "check_base", "check_cache", "check_device", "check_dropout", "check_flag",
-           "check_forward", "check_heads", "check_mask", "check_mask_kind", "check_num_kv_heads", "check_positive_int",
-           "check_positive_number", "check_positions", "check_qkv", "check_rotary", "check_sequence", "check_sinks",
-           "check_whole", "describe", "same_tensor"]
+__all__ = ["as_index", "broadcast_shapes", "check_attention_inputs", "check_base", "check_cache", "check_device",
+           "check_dropout", "check_flag", "check_forward", "check_heads", "check_mask", "check_mask_kind",
+           "check_num_kv_heads", "check_positive_int", "check_positive_number", "check_positions", "check_qkv",
+           "check_rotary", "check_sequence", "check_sinks", "check_whole", "describe", "same_tensor"]
