@@ -2,8 +2,9 @@
 
 A notebook of the course spends most of its first seconds importing: PyTorch, ``torch._dynamo`` (which
 the checks' device test pulls in), ``mha_lib``, matplotlib and the kernel itself, 5 to 7 s of CPU on a
-quiet 2-core machine, for every notebook. ``grade`` runs up to 12 notebooks per student, so it asks for
-its kernels here: a *fork server* (this module run as ``python -m mha_course.progress.forking``) imports
+quiet 2-core machine, for every notebook. ``grade`` runs up to 12 notebooks per student, ``make progress``
+a learner's 12, and ``make test`` 36 under nbval (the repository's conftest.py), so they ask for their
+kernels here: a *fork server* (this module run as ``python -m mha_course.progress.forking``) imports
 those modules once, and each kernel is a ``fork()`` of it that then starts ``ipykernel`` exactly as
 ``python -m ipykernel_launcher -f CONNECTION_FILE`` would, in the notebook's folder, with the
 environment it was given. Nothing of one notebook reaches another: every kernel is a new process, forked
@@ -122,21 +123,23 @@ def _alive(pid: int) -> bool:
 
 _servers: dict[tuple, ForkServer] = {}
 _failed: set[tuple] = set()
+_servers_lock = threading.Lock()  # kernels may start from several threads at once (grade's jobs)
 
 
 def _server(env: dict[str, str]) -> ForkServer | None:
     """The fork server for kernels of this environment's thread settings (started once), or None."""
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith(("OMP_", "MKL_", "ATEN_", "MHA_DEVICE"))))
-    if key in _failed:
-        return None
-    server = _servers.get(key)
-    if server is None or server.process.poll() is not None:
-        try:
-            server = _servers[key] = ForkServer(env)
-        except (OSError, ValueError):
-            _failed.add(key)
+    with _servers_lock:
+        if key in _failed:
             return None
-    return server
+        server = _servers.get(key)
+        if server is None or server.process.poll() is not None:
+            try:
+                server = _servers[key] = ForkServer(env)
+            except (OSError, ValueError):
+                _failed.add(key)
+                return None
+        return server
 
 
 @atexit.register
@@ -145,26 +148,35 @@ def _close_servers() -> None:
         server.close()
 
 
-def kernel_manager_class(env: dict[str, str]) -> type | None:
-    """A kernel manager whose kernels are forked (for nbclient's ``kernel_manager_class``), or None where
-    this platform can't fork or the server would not start."""
+def kernel_manager_class(env: dict[str, str], blocking: bool = False) -> type | None:
+    """A kernel manager whose kernels are forked, or None where this platform can't fork or the server
+    would not start.
+
+    ``blocking=False``: an ``AsyncKernelManager``, for nbclient's ``kernel_manager_class``;
+    ``blocking=True``: a ``KernelManager``, as nbval starts its kernels with. Each kernel is forked from
+    the server for the environment it is started with (its thread and device settings); where that
+    server can't start, the kernel starts from scratch, as it would without this class.
+    """
     if not hasattr(os, "fork") or sys.platform == "win32":
         return None
-    server = _server(env)
-    if server is None:
+    if _server(env) is None:
         return None
-    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager, KernelManager
     from jupyter_client.provisioning import LocalProvisioner
 
     class ForkProvisioner(LocalProvisioner):  # type: ignore[misc]
         async def launch_kernel(self, cmd: list[str], **kwargs: Any):  # noqa: ANN202
-            pid = server.spawn(list(cmd), dict(kwargs.get("env") or os.environ), str(kwargs.get("cwd") or Path.cwd()))
+            kernel_env = dict(kwargs.get("env") or os.environ)
+            server = _server(kernel_env)
+            if server is None:
+                return await super().launch_kernel(cmd, **kwargs)
+            pid = server.spawn(list(cmd), kernel_env, str(kwargs.get("cwd") or Path.cwd()))
             self.process = _Forked(pid, server)
             self.pid = self.pgid = pid  # the kernel leads a session of its own: its children are killed with it
             self.cwd = kwargs.get("cwd", Path.cwd())
             return self.connection_info
 
-    class ForkingKernelManager(AsyncKernelManager):  # type: ignore[misc]
+    class ForkingKernelManager(KernelManager if blocking else AsyncKernelManager):  # type: ignore[misc]
         async def _async_pre_start_kernel(self, **kw: Any):  # noqa: ANN202
             if self.provisioner is None:
                 self.kernel_id = self.kernel_id or kw.pop("kernel_id", str(uuid.uuid4()))
