@@ -8,12 +8,13 @@ failed (❌) or met an error (💥) raises after showing its verdict (mha_lib/ch
 nbval starts its kernel, never for the tests themselves, nor for a learner's `make progress`.
 tests/test_check_display.py proves it with a notebook that fails.
 
-Two more settings make the notebooks' share of `make test` about twice as fast on 2 cores. Neither
+Two more settings make `make test` faster on 2 cores (its notebooks about twice as fast). Neither
 changes what a notebook prints: nbval compares every stored output, as before.
 
-- **Threads.** With N notebooks at once (pytest-xdist's workers) on C cores, each kernel starts with
-  OMP_NUM_THREADS = max(1, C // N), unless it is set already. Two kernels of 2 threads each on 2
-  cores stall each other: chapter 03's rank cell took 38 s that way, instead of under a second.
+- **Threads.** With N pytest-xdist workers on C cores, each worker, and all it starts (nbval's
+  kernels, the subprocesses of tests), uses OMP_NUM_THREADS = max(1, C // N) threads, unless the
+  variable is set already. Two kernels of 2 threads each on 2 cores stall each other: chapter 03's
+  rank cell took 38 s that way, instead of under a second.
 - **Forked kernels.** Each kernel is forked from a server that imported PyTorch, mha_lib and
   matplotlib once (mha_course.progress.forking, as `make progress` and `grade` do), instead of
   importing them again: about 3 s less per notebook. Only on the CPU of a Linux machine (no
@@ -39,7 +40,7 @@ THREADS = "OMP_NUM_THREADS"
 
 
 def kernel_threads() -> str | None:
-    """The kernels' thread count when several notebooks run at once, or None (leave it as it is)."""
+    """A worker's share of the cores when several run at once, or None (leave the thread count as it is)."""
     if THREADS in os.environ:
         return None
     try:
@@ -81,6 +82,11 @@ def _kernel_manager(**kwargs: Any) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    threads = kernel_threads()
+    if threads is not None:  # a pytest-xdist worker: its share, for itself and all it starts
+        os.environ[THREADS] = threads
+        if "torch" in sys.modules:  # imported already: the variable came too late for it
+            sys.modules["torch"].set_num_threads(int(threads))
     if not (getattr(config.option, "nbval", False) or getattr(config.option, "nbval_lax", False)):
         return
     if not fork_kernels():
@@ -96,17 +102,12 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     if not type(item).__module__.startswith("nbval"):
         yield
         return
-    settings = {CHECK_RAISE: "1"}  # the notebook's kernel starts in this setup and inherits them
-    threads = kernel_threads()
-    if threads is not None:
-        settings[THREADS] = threads
-    previous = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
+    previous = os.environ.get(CHECK_RAISE)
+    os.environ[CHECK_RAISE] = "1"  # the notebook's kernel starts in this setup and inherits it
     try:
         yield
     finally:
-        for name, value in previous.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+        if previous is None:
+            del os.environ[CHECK_RAISE]
+        else:
+            os.environ[CHECK_RAISE] = previous

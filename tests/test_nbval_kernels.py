@@ -1,6 +1,6 @@
 """How nbval's kernels start under the repository's conftest.py: threads and forking.
 
-With several notebooks at once (pytest-xdist) each kernel gets its share of the cores, and on the
+With several pytest-xdist workers each worker, and every kernel it starts, gets its share of the cores, and on the
 CPU of a Linux machine each kernel is forked from a server that imported PyTorch once
 (mha_course.progress.forking). Here: the two rules, what a kernel of a real nbval run finds (forked,
 its thread count, a process of its own, the variables it was given), and that MHA_NBVAL_FORK=0
@@ -84,21 +84,26 @@ def _run(tmp_path: Path, env_extra: dict[str, str], *args: str) -> list[dict]:
         write = REPORT + f"report['preloaded'] = preloaded\nopen({name + '.json'!r}, 'w').write(json.dumps(report))"
         nb.cells = [nbformat.v4.new_code_cell(first), nbformat.v4.new_code_cell(write)]
         nbformat.write(nb, folder / f"{name}.ipynb")
+    (folder / "test_worker.py").write_text(  # a plain test, run by a worker too
+        "import json, os, torch\n\ndef test_worker():\n    open('worker.json', 'w').write(json.dumps("
+        "{'threads_var': os.environ.get('OMP_NUM_THREADS'), 'threads': torch.get_num_threads()}))\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "MHA_NBVAL_FORK", "MHA_CHECK_RAISE", "PYTEST_XDIST_WORKER_COUNT")}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                MHA_DEVICE="cpu", **env_extra)
     run = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider",
-                          "-p", "no:randomly", "-q", *args, "a.ipynb", "b.ipynb"],
+                          "-p", "no:randomly", "-q", *args, "a.ipynb", "b.ipynb", "test_worker.py"],
                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    return [json.loads((folder / f"{name}.json").read_text()) for name in ("a", "b")]
+    return [json.loads((folder / f"{name}.json").read_text()) for name in ("a", "b", "worker")]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernels are forked on Linux only")
 def test_two_notebooks_at_once_get_forked_kernels_with_their_share_of_threads(tmp_path):
-    reports = _run(tmp_path, {}, "-n", "2", "--dist", "load")
+    *reports, worker = _run(tmp_path, {}, "-n", "2", "--dist", "load")
     cores = len(os.sched_getaffinity(0))
+    assert worker == {"threads_var": str(max(1, cores // 2)), "threads": max(1, cores // 2)}, \
+        "a worker's own tests (and what they start) get its share of the cores too"
     for report in reports:
         assert report["preloaded"], "the kernel was not forked: PyTorch and matplotlib were not imported already"
         assert report["threads_var"] == str(max(1, cores // 2)) and report["threads"] == max(1, cores // 2)
@@ -110,7 +115,8 @@ def test_two_notebooks_at_once_get_forked_kernels_with_their_share_of_threads(tm
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernels are forked on Linux only")
 def test_mha_nbval_fork_0_starts_kernels_from_scratch(tmp_path):
-    reports = _run(tmp_path, {"MHA_NBVAL_FORK": "0"}, "-p", "no:xdist")
+    *reports, worker = _run(tmp_path, {"MHA_NBVAL_FORK": "0"}, "-p", "no:xdist")
+    assert worker["threads_var"] is None
     for report in reports:
         assert not report["preloaded"], "MHA_NBVAL_FORK=0, yet the kernel found PyTorch imported"
         assert report["threads_var"] is None, "one notebook at a time: no thread count is set"
