@@ -121,10 +121,10 @@ test: $(DEV_STAMP) $(LAB_OVERRIDES)
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-lib: $(DEV_STAMP) $(LAB_OVERRIDES)
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile tests $(PYTEST_ARGS)
 
 test-notebooks: $(DEV_STAMP)
-	$(PY) -m pytest chapters exercises solutions $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile chapters exercises solutions $(PYTEST_ARGS)
 
 # On a machine with an NVIDIA GPU (the GPU CI job): mha_lib's tests, whose CUDA cases run
 # there, and every notebook with MHA_DEVICE=cuda. The stored outputs come from the CPU and
