@@ -26,6 +26,7 @@ changes what a notebook prints: nbval compares every stored output, as before.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ import pytest
 CHECK_RAISE = "MHA_CHECK_RAISE"  # = mha_lib.checks.CHECK_RAISE (not imported: no torch at collection)
 FORK = "MHA_NBVAL_FORK"  # 0: every notebook's kernel starts from scratch
 THREADS = "OMP_NUM_THREADS"
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")  # there when an NVIDIA or an AMD GPU is visible
 
 
 def kernel_threads() -> str | None:
@@ -60,25 +62,25 @@ def fork_kernels() -> bool:
     device = os.environ.get("MHA_DEVICE", "").strip().lower()
     if device:
         return device == "cpu"
-    return not any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/kfd"))  # NVIDIA's, AMD's GPUs
+    return not any(Path(node).exists() for node in GPU_NODES)
 
 
-_manager: list[Any] = []  # the kernel manager class, chosen at the first kernel's start
+@functools.cache
+def _manager_class() -> type:
+    """A forking kernel manager, or jupyter_client's own where the fork server can't start. Chosen once, at
+    the first kernel's start, with the environment kernels start with."""
+    from jupyter_client.manager import KernelManager
+
+    try:
+        from mha_course.progress.forking import kernel_manager_class
+    except ImportError:  # a copy of this file outside the course (tests/test_check_display.py)
+        return KernelManager
+    return kernel_manager_class(dict(os.environ), blocking=True) or KernelManager
 
 
 def _kernel_manager(**kwargs: Any) -> Any:
-    """What nbval calls as ``KernelManager(...)``: a forking one, or jupyter_client's own where the fork
-    server can't start. Chosen at the first kernel's start, with the environment kernels start with."""
-    if not _manager:
-        from jupyter_client.manager import KernelManager
-
-        try:
-            from mha_course.progress.forking import kernel_manager_class
-        except ImportError:  # a copy of this file outside the course (tests/test_check_display.py)
-            _manager.append(KernelManager)
-        else:
-            _manager.append(kernel_manager_class(dict(os.environ), blocking=True) or KernelManager)
-    return _manager[0](**kwargs)
+    """What nbval calls as ``KernelManager(...)``."""
+    return _manager_class()(**kwargs)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,8 +1,8 @@
 """How nbval's kernels start under the repository's conftest.py: threads and forking.
 
-With several pytest-xdist workers each worker, and every kernel it starts, gets its share of the cores, and on the
-CPU of a Linux machine each kernel is forked from a server that imported PyTorch once
-(mha_course.progress.forking). Here: the two rules, what a kernel of a real nbval run finds (forked,
+With several pytest-xdist workers, each worker and every kernel it starts get their share of the
+cores, and on the CPU of a Linux machine each kernel is forked from a server that imported PyTorch
+once (mha_course.progress.forking). Here: the two rules, what a kernel of a real nbval run finds (forked,
 its thread count, a process of its own, the variables it was given), and that MHA_NBVAL_FORK=0
 starts kernels from scratch. That forked kernels print what fresh ones do is what the whole
 notebook suite shows: its stored outputs come from fresh kernels (`make notebooks`).
@@ -40,10 +40,10 @@ report = {"pid": os.getpid(), "threads_var": os.environ.get("OMP_NUM_THREADS"), 
 """
 
 
-def test_threads_are_shared_only_when_notebooks_run_at_once(monkeypatch):
+def test_threads_are_shared_only_when_several_workers_run(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
-    assert course.kernel_threads() is None, "one notebook at a time: the kernel's default"
+    assert course.kernel_threads() is None, "one worker: the default thread count"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     for workers in (1, 2, 3, 64):
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
@@ -65,7 +65,7 @@ def test_kernels_are_forked_only_for_the_cpu(monkeypatch):
         monkeypatch.setenv("MHA_DEVICE", device)
         assert not course.fork_kernels(), device
     monkeypatch.delenv("MHA_DEVICE")
-    gpu = any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/kfd"))
+    gpu = any(Path(node).exists() for node in course.GPU_NODES)
     assert course.fork_kernels() is not gpu, "without MHA_DEVICE, a visible GPU means fresh kernels"
     monkeypatch.setenv("MHA_DEVICE", "cpu")
     monkeypatch.setenv("MHA_NBVAL_FORK", "0")
